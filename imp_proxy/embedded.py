@@ -1,0 +1,169 @@
+"""A local PostgreSQL 15 cluster owned by this process: throwaway (tests, demo) or persistent
+(the proxy's embedded default when no upstream DSN is configured).
+
+Why here: the demo, the proxy's no-DSN default and the test fixtures all need the same thing,
+an initdb'd cluster on a free port with its socket in its own directory, started and always
+stopped by PID. ``initdb`` and ``postgres`` refuse to run as root, so as root the server runs as
+the ``postgres`` user via ``runuser``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PG_BIN = Path(os.environ.get("IMP_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The local cluster could not be initialised, started or reached."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_server_user(argv: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return argv
+
+
+def _chown_to_server_user(path: Path) -> None:
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+@dataclass
+class LocalPostgres:
+    """One cluster in ``datadir``; ``start()`` / ``stop()``; ``dsn()`` for a superuser DSN.
+
+    ``settings`` are passed as ``-c name=value`` to the server; ``hba`` replaces pg_hba.conf
+    (default: trust on the loopback and the socket). The superuser is ``postgres``.
+    """
+
+    datadir: Path
+    port: int = field(default_factory=free_port)
+    settings: dict[str, str] = field(default_factory=dict)
+    hba: str | None = None
+    throwaway: bool = True
+    pid: int | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def throwaway_cluster(cls, **kwargs: object) -> LocalPostgres:
+        base = Path(tempfile.mkdtemp(prefix="imp-pg-", dir="/tmp"))
+        _chown_to_server_user(base)
+        return cls(datadir=base / "data", throwaway=True, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.datadir.parent / "sock"
+
+    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+
+    def initdb(self) -> None:
+        if (self.datadir / "PG_VERSION").exists():
+            return
+        self.datadir.parent.mkdir(parents=True, exist_ok=True)
+        _chown_to_server_user(self.datadir.parent)
+        cmd = [str(PG_BIN / "initdb"), "-D", str(self.datadir), "-U", "postgres",
+               "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"]
+        res = subprocess.run(_as_server_user(cmd), capture_output=True, text=True)
+        if res.returncode != 0:
+            raise EmbeddedPostgresError(f"initdb failed: {res.stderr.strip()}")
+        if self.hba is not None:
+            (self.datadir / "pg_hba.conf").write_text(self.hba)
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.initdb()
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        _chown_to_server_user(self.socket_dir)
+        opts = {
+            "port": str(self.port), "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.socket_dir), "fsync": "off",
+            "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "200",
+            "shared_buffers": "256MB", "logging_collector": "off",
+        }
+        opts.update(self.settings)
+        argv = [str(PG_BIN / "postgres"), "-D", str(self.datadir)]
+        for k, v in opts.items():
+            argv += ["-c", f"{k}={v}"]
+        logfile = open(self.datadir.parent / "server.log", "ab")  # noqa: SIM115
+        self._proc = subprocess.Popen(_as_server_user(argv), stdout=logfile, stderr=logfile,
+                                      start_new_session=True)
+        logfile.close()
+        self._wait_ready(timeout)
+        self.pid = self._server_pid()
+
+    def _server_pid(self) -> int:
+        first = (self.datadir / "postmaster.pid").read_text().splitlines()[0]
+        return int(first)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise EmbeddedPostgresError(f"postgres exited: {self.log_tail()}")
+            res = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p",
+                                  str(self.port), "-U", "postgres"], capture_output=True)
+            if res.returncode == 0 and (self.datadir / "postmaster.pid").exists():
+                return
+            time.sleep(0.05)
+        raise EmbeddedPostgresError(f"postgres not ready after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = (self.datadir.parent / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stops the postmaster by PID (SIGINT = fast shutdown) and waits for it."""
+        sig = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self.pid = None
+        self._proc = None
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def destroy(self) -> None:
+        self.stop()
+        if self.throwaway:
+            shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+    def __enter__(self) -> LocalPostgres:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

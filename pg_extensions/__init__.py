@@ -1,0 +1,65 @@
+"""Versioned, idempotent SQL that the proxy installs into a database (schema ``imp``).
+
+Files are named ``NNN_description.sql`` and applied in order; each must be safe to run again
+(``CREATE ... IF NOT EXISTS``, ``CREATE OR REPLACE``). ``imp.schema_version`` records which
+files were applied; a file is re-applied only when its checksum changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+_LOCK_KEY = 0x1A7E_5CE7  # advisory lock serialising concurrent installers
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def migrations() -> list[Migration]:
+    """All SQL files of this package, ordered by their numeric prefix."""
+    found = []
+    for entry in resources.files(__package__).iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:3].isdigit():
+            found.append(Migration(int(name[:3]), name, entry.read_text(encoding="utf-8")))
+    return sorted(found, key=lambda m: m.version)
+
+
+def install(conn: psycopg.Connection[object]) -> list[str]:
+    """Applies every migration not yet applied (or changed) in one transaction; returns names."""
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute("CREATE SCHEMA IF NOT EXISTS imp")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS imp.schema_version ("
+            " version int PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())")
+        done = dict(conn.execute("SELECT version, checksum FROM imp.schema_version").fetchall())
+        for m in migrations():
+            if done.get(m.version) == m.checksum:
+                continue
+            log.info("applying %s", m.name)
+            conn.execute(m.sql.encode())
+            conn.execute(
+                "INSERT INTO imp.schema_version (version, name, checksum) VALUES (%s, %s, %s)"
+                " ON CONFLICT (version) DO UPDATE SET name = EXCLUDED.name,"
+                " checksum = EXCLUDED.checksum, applied_at = now()",
+                (m.version, m.name, m.checksum))
+            applied.append(m.name)
+    return applied

@@ -1,0 +1,66 @@
+"""Shared fixtures: one throwaway PostgreSQL 15 cluster per test session (or IMP_TEST_DSN),
+and a fresh database per test module so tests never see each other's tables."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from imp_proxy.embedded import EmbeddedPostgresError, LocalPostgres
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[LocalPostgres | None]:
+    """The session's cluster; None when IMP_TEST_DSN points at an existing server."""
+    if os.environ.get("IMP_TEST_DSN"):
+        yield None
+        return
+    cluster = LocalPostgres.throwaway_cluster()
+    try:
+        cluster.start()
+    except EmbeddedPostgresError as exc:
+        pytest.exit(f"cannot start the throwaway PostgreSQL 15: {exc}", returncode=3)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def admin_dsn(pg_server: LocalPostgres | None) -> str:
+    """Superuser DSN of the maintenance database."""
+    dsn = os.environ.get("IMP_TEST_DSN") or (pg_server.dsn() if pg_server else "")
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        pytest.exit(f"PostgreSQL at {dsn!r} is unreachable: {exc}", returncode=3)
+    return dsn
+
+
+def _dsn_for_db(admin_dsn: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(admin_dsn, dbname=dbname)
+
+
+@pytest.fixture(scope="module")
+def db_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database for the test module, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _dsn_for_db(admin_dsn, name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(db_dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """An autocommit connection to the module's database."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        yield c
