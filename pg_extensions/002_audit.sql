@@ -1,0 +1,240 @@
+-- Delta capture for incremental sketch maintenance (DESIGN §6).
+--
+-- Per tracked table T: an audit table imp.delta_<oid of T> (_xid xid8, _mult int, <T's columns>)
+-- filled by statement-level AFTER triggers with transition tables. TRUNCATE and DDL (ALTER/DROP)
+-- bump imp.tracked_tables.epoch: a sketch records the epoch it was captured under and is invalid
+-- once the epoch differs (the check is the library's, in the same snapshot as its deltas).
+-- Idempotent: everything is CREATE ... IF NOT EXISTS / CREATE OR REPLACE.
+
+CREATE TABLE IF NOT EXISTS imp.tracked_tables (
+    relid       oid PRIMARY KEY,
+    audit_table regclass NOT NULL,
+    columns     text[] NOT NULL,
+    epoch       bigint NOT NULL DEFAULT 0,
+    tracked_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- (Re)creates the audit table of a tracked table: same columns, types and collations as T (LIKE),
+-- SELECT granted to exactly the roles holding SELECT on T. Internal; callers hold the row lock.
+CREATE OR REPLACE FUNCTION imp._create_audit_table(rel regclass) RETURNS regclass
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    audit_name text := 'delta_' || rel::oid;
+    audit regclass;
+    cols text[];
+    grantee record;
+BEGIN
+    EXECUTE format('DROP TABLE IF EXISTS imp.%I', audit_name);
+    EXECUTE format('CREATE TABLE imp.%I (_xid xid8 NOT NULL, _mult int NOT NULL, LIKE %s)',
+                   audit_name, rel);
+    audit := format('imp.%I', audit_name)::regclass;
+    EXECUTE format('CREATE INDEX ON imp.%I (_xid)', audit_name);
+    -- LIKE copies NOT NULL constraints: harmless (rows come from T), but drop them so a later
+    -- relaxation of T's constraints can never make a trigger fail.
+    FOR grantee IN
+        SELECT a.attname FROM pg_attribute a
+        WHERE a.attrelid = audit AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull
+          AND a.attname NOT IN ('_xid', '_mult')
+    LOOP
+        EXECUTE format('ALTER TABLE imp.%I ALTER COLUMN %I DROP NOT NULL', audit_name,
+                       grantee.attname);
+    END LOOP;
+    SELECT array_agg(a.attname::text ORDER BY a.attnum) INTO cols
+    FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped;
+    EXECUTE format('REVOKE ALL ON imp.%I FROM PUBLIC', audit_name);
+    FOR grantee IN
+        SELECT DISTINCT acl.grantee AS role_oid
+        FROM pg_class c, LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) acl
+        WHERE c.oid = rel AND acl.privilege_type = 'SELECT'
+    LOOP
+        IF grantee.role_oid = 0 THEN
+            EXECUTE format('GRANT SELECT ON imp.%I TO PUBLIC', audit_name);
+        ELSE
+            EXECUTE format('GRANT SELECT ON imp.%I TO %I', audit_name,
+                           (SELECT rolname FROM pg_roles WHERE oid = grantee.role_oid));
+        END IF;
+    END LOOP;
+    UPDATE imp.tracked_tables SET audit_table = audit, columns = cols WHERE relid = rel::oid;
+    RETURN audit;
+END $$;
+
+CREATE OR REPLACE FUNCTION imp._audit_insert() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t imp.tracked_tables; cols text;
+BEGIN
+    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
+    IF FOUND THEN
+        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
+        EXECUTE format('INSERT INTO %s (_xid, _mult, %s) SELECT pg_current_xact_id(), 1, %s FROM imp_new',
+                       t.audit_table, cols, cols);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION imp._audit_delete() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t imp.tracked_tables; cols text;
+BEGIN
+    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
+    IF FOUND THEN
+        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
+        EXECUTE format('INSERT INTO %s (_xid, _mult, %s) SELECT pg_current_xact_id(), -1, %s FROM imp_old',
+                       t.audit_table, cols, cols);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION imp._audit_update() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t imp.tracked_tables; cols text;
+BEGIN
+    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
+    IF FOUND THEN
+        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
+        EXECUTE format('INSERT INTO %s (_xid, _mult, %s)'
+                       ' SELECT pg_current_xact_id(), -1, %s FROM imp_old'
+                       ' UNION ALL SELECT pg_current_xact_id(), 1, %s FROM imp_new',
+                       t.audit_table, cols, cols, cols);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally).
+CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE imp.tracked_tables SET epoch = epoch + 1 WHERE relid = TG_RELID;
+    RETURN NULL;
+END $$;
+
+-- Starts tracking `rel` (idempotent): audit table, index on _xid, grants, triggers.
+-- Returns the audit table.
+CREATE OR REPLACE FUNCTION imp.track_table(rel regclass) RETURNS regclass
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    audit regclass;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = rel) NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'imp.track_table: % is not a table', rel
+            USING ERRCODE = 'wrong_object_type';
+    END IF;
+    -- serialise concurrent track_table calls on the same table
+    PERFORM pg_advisory_xact_lock(hashtext('imp.track_table'), rel::oid::int);
+    SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;
+    IF FOUND THEN
+        RETURN audit;
+    END IF;
+    INSERT INTO imp.tracked_tables (relid, audit_table, columns)
+    VALUES (rel::oid, 'imp.tracked_tables'::regclass, '{}');
+    audit := imp._create_audit_table(rel);
+    EXECUTE format('CREATE TRIGGER imp_audit_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS imp_new'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_insert()', rel);
+    EXECUTE format('CREATE TRIGGER imp_audit_del AFTER DELETE ON %s REFERENCING OLD TABLE AS imp_old'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_delete()', rel);
+    EXECUTE format('CREATE TRIGGER imp_audit_upd AFTER UPDATE ON %s'
+                   ' REFERENCING OLD TABLE AS imp_old NEW TABLE AS imp_new'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_update()', rel);
+    EXECUTE format('CREATE TRIGGER imp_audit_trunc AFTER TRUNCATE ON %s'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_truncate()', rel);
+    RETURN audit;
+END $$;
+REVOKE ALL ON FUNCTION imp.track_table(regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION imp._create_audit_table(regclass) FROM PUBLIC;
+
+-- Stops tracking `rel`: drops triggers and audit table. Returns whether it was tracked.
+CREATE OR REPLACE FUNCTION imp.untrack_table(rel regclass) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t imp.tracked_tables;
+BEGIN
+    DELETE FROM imp.tracked_tables WHERE relid = rel::oid RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_ins ON %s', rel);
+    EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_del ON %s', rel);
+    EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_upd ON %s', rel);
+    EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_trunc ON %s', rel);
+    EXECUTE format('DROP TABLE IF EXISTS %s', t.audit_table);
+    RETURN true;
+END $$;
+REVOKE ALL ON FUNCTION imp.untrack_table(regclass) FROM PUBLIC;
+
+-- The invalidation epoch of a tracked table (NULL: not tracked, e.g. dropped).
+CREATE OR REPLACE FUNCTION imp.table_epoch(rel oid) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT epoch FROM imp.tracked_tables WHERE relid = rel
+$$;
+
+-- Deletes the audit rows of `rel` whose transaction is visible in `snap` (the oldest live sketch
+-- version of the table: every sketch already covers them). Returns the number of rows deleted.
+CREATE OR REPLACE FUNCTION imp.gc_deltas(rel regclass, snap pg_snapshot) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    audit regclass;
+    n bigint;
+BEGIN
+    SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
+                   ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+REVOKE ALL ON FUNCTION imp.gc_deltas(regclass, pg_snapshot) FROM PUBLIC;
+
+-- DDL on tracked tables: ALTER TABLE bumps the epoch and rebuilds the audit table with the new
+-- columns (so writes keep working); DROP TABLE forgets the table.
+CREATE OR REPLACE FUNCTION imp._ddl_end() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE cmd record;
+BEGIN
+    FOR cmd IN
+        SELECT DISTINCT c.objid FROM pg_event_trigger_ddl_commands() c
+        JOIN imp.tracked_tables t ON t.relid = c.objid
+        WHERE c.classid = 'pg_class'::regclass
+    LOOP
+        UPDATE imp.tracked_tables SET epoch = epoch + 1 WHERE relid = cmd.objid;
+        PERFORM imp._create_audit_table(cmd.objid::regclass);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION imp._ddl_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t imp.tracked_tables;
+BEGIN
+    FOR t IN
+        SELECT tt.* FROM imp.tracked_tables tt
+        WHERE tt.relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                           WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0)
+    LOOP
+        DELETE FROM imp.tracked_tables WHERE relid = t.relid;
+        EXECUTE format('DROP TABLE IF EXISTS imp.%I', 'delta_' || t.relid);
+    END LOOP;
+END $$;
+
+DO $$
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        RAISE WARNING 'imp: not a superuser, DDL on tracked tables will not invalidate sketches';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_ddl_end') THEN
+        CREATE EVENT TRIGGER imp_ddl_end ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION imp._ddl_end();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_ddl_drop') THEN
+        CREATE EVENT TRIGGER imp_ddl_drop ON sql_drop
+            WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION imp._ddl_drop();
+    END IF;
+END $$;
+
+-- Persisted state of the incremental operators of a sketch (sketches.ivm.state).
+CREATE TABLE IF NOT EXISTS imp.ivm_state (
+    sketch_key  text PRIMARY KEY,
+    version     pg_snapshot NOT NULL,
+    epochs      jsonb NOT NULL,
+    state       jsonb NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);

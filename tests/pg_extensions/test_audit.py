@@ -1,0 +1,214 @@
+"""Audit triggers, invalidation and GC of pg_extensions/002_audit.sql against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pg_extensions
+
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+@pytest.fixture
+def tracked(conn: Conn) -> Iterator[str]:
+    """A fresh tracked table `t_<hex>(id int primary key, g int, v numeric, s text)`."""
+    pg_extensions.install(conn)
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, v numeric, s text)")
+                 .format(sql.Identifier(name)))
+    conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    yield name
+
+
+def audit_rows(conn: Conn, table: str) -> list[tuple[object, ...]]:
+    audit = conn.execute("SELECT audit_table::text FROM imp.tracked_tables"
+                         " WHERE relid = %s::regclass", (table,)).fetchone()
+    assert audit is not None
+    return conn.execute(sql.SQL("SELECT _xid::text, _mult, id, g, v, s FROM {} ORDER BY _mult, id")
+                        .format(sql.SQL(str(audit[0])))).fetchall()
+
+
+def epoch(conn: Conn, table: str) -> object:
+    row = conn.execute("SELECT imp.table_epoch(%s::regclass::oid)", (table,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_install_and_track_are_idempotent(conn: Conn, tracked: str) -> None:
+    pg_extensions.install(conn)
+    first = (audit_table(conn, tracked),)
+    again = conn.execute("SELECT imp.track_table(%s::regclass)::text", (tracked,)).fetchone()
+    assert first == again
+    triggers = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass"
+                            " AND tgname LIKE 'imp_audit_%%'", (tracked,)).fetchone()
+    assert triggers == (4,)
+
+
+def test_insert_delete_update_rows_and_multiplicities(conn: Conn, tracked: str) -> None:
+    t = sql.Identifier(tracked)
+    with conn.transaction():
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 10, 1.5, 'a'), (2, 20, NULL, NULL)")
+                     .format(t))
+        xid1 = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+    assert xid1 is not None
+    rows = audit_rows(conn, tracked)
+    assert rows == [(xid1[0], 1, 1, 10, pytest.approx(1.5), "a"), (xid1[0], 1, 2, 20, None, None)]
+    with conn.transaction():
+        conn.execute(sql.SQL("UPDATE {} SET g = g + 1 WHERE id = 1").format(t))
+        xid2 = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+    with conn.transaction():
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = 2").format(t))
+        xid3 = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+    assert xid2 is not None and xid3 is not None
+    rows = audit_rows(conn, tracked)
+    minus = [r for r in rows if r[1] == -1]
+    plus = [r for r in rows if r[1] == 1 and r[0] == xid2[0]]
+    assert sorted((r[0], r[2], r[3]) for r in minus) == [(xid2[0], 1, 10), (xid3[0], 2, 20)]
+    assert [(r[2], r[3]) for r in plus] == [(1, 11)]
+    # integrating the audit log reproduces the table
+    integrated = conn.execute(sql.SQL(
+        "SELECT id, g, v, s FROM {} GROUP BY id, g, v, s HAVING sum(_mult) <> 0 ORDER BY id")
+        .format(sql.SQL(audit_table(conn, tracked)))).fetchall()
+    assert integrated == conn.execute(sql.SQL("SELECT id, g, v, s FROM {} ORDER BY id").format(t)
+                                      ).fetchall()
+
+
+def audit_table(conn: Conn, table: str) -> str:
+    row = conn.execute("SELECT audit_table::text FROM imp.tracked_tables"
+                       " WHERE relid = %s::regclass", (table,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_rolled_back_writes_leave_nothing(conn: Conn, tracked: str) -> None:
+    t = sql.Identifier(tracked)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'x')").format(t))
+    before = audit_rows(conn, tracked)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        with conn.transaction():
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (2, 2, 2, 'y')").format(t))
+            conn.execute(sql.SQL("UPDATE {} SET g = 5").format(t))
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'dup')").format(t))
+    assert audit_rows(conn, tracked) == before
+
+
+def test_concurrent_writers_snapshot_arithmetic(conn: Conn, db_dsn: str, tracked: str) -> None:
+    """A transaction that started earlier but commits later is in the delta since a version taken
+    between the two commits, although its xid is smaller: snapshot arithmetic, not order."""
+    t = sql.Identifier(tracked)
+    with psycopg.connect(db_dsn) as w1, psycopg.connect(db_dsn) as w2:
+        w1.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'early')").format(t))   # xid A
+        w2.execute(sql.SQL("INSERT INTO {} VALUES (2, 2, 2, 'late')").format(t))    # xid B > A
+        w2.commit()
+        v_row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert v_row is not None
+        version = v_row[0]
+        w3 = psycopg.connect(db_dsn)
+        try:
+            w3.execute(sql.SQL("INSERT INTO {} VALUES (3, 3, 3, 'rolled back')").format(t))
+            w1.commit()
+            w3.rollback()
+        finally:
+            w3.close()
+    delta = conn.execute(sql.SQL(
+        "SELECT id, _mult FROM {} WHERE NOT pg_visible_in_snapshot(_xid, %s::pg_snapshot)"
+        " ORDER BY id").format(sql.SQL(audit_table(conn, tracked))), (version,)).fetchall()
+    assert delta == [(1, 1)]
+    xids = dict(conn.execute(sql.SQL("SELECT id, _xid::text::bigint FROM {}")
+                             .format(sql.SQL(audit_table(conn, tracked)))).fetchall())
+    assert xids[1] < xids[2]
+
+
+def test_truncate_bumps_epoch_transactionally(conn: Conn, tracked: str) -> None:
+    t = sql.Identifier(tracked)
+    e0 = epoch(conn, tracked)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with conn.transaction():
+            conn.execute(sql.SQL("TRUNCATE {}").format(t))
+            conn.execute("SELECT 1/0")
+    assert epoch(conn, tracked) == e0
+    conn.execute(sql.SQL("TRUNCATE {}").format(t))
+    e1 = epoch(conn, tracked)
+    assert isinstance(e0, int) and isinstance(e1, int) and e1 > e0
+
+
+def test_alter_bumps_epoch_and_writes_keep_working(conn: Conn, tracked: str) -> None:
+    t = sql.Identifier(tracked)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'x')").format(t))
+    e0 = epoch(conn, tracked)
+    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN extra int DEFAULT 7").format(t))
+    e1 = epoch(conn, tracked)
+    assert isinstance(e0, int) and isinstance(e1, int) and e1 > e0
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (2, 2, 2, 'y', 9)").format(t))
+    conn.execute(sql.SQL("UPDATE {} SET g = 3 WHERE id = 1").format(t))
+    rows = conn.execute(sql.SQL("SELECT id, _mult, extra FROM {} ORDER BY id, _mult")
+                        .format(sql.SQL(audit_table(conn, tracked)))).fetchall()
+    assert rows == [(1, -1, 7), (1, 1, 7), (2, 1, 9)]
+
+
+def test_drop_forgets_table(conn: Conn, tracked: str) -> None:
+    audit = audit_table(conn, tracked)
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(tracked)))
+    assert epoch_of_oid_missing(conn, audit)
+
+
+def epoch_of_oid_missing(conn: Conn, audit: str) -> bool:
+    gone = conn.execute("SELECT to_regclass(%s) IS NULL", (audit,)).fetchone()
+    rows = conn.execute("SELECT count(*) FROM imp.tracked_tables WHERE audit_table::text = %s",
+                        (audit,)).fetchone()
+    return gone == (True,) and rows == (0,)
+
+
+def test_select_grants_follow_base_table(conn: Conn) -> None:
+    pg_extensions.install(conn)
+    suffix = uuid.uuid4().hex[:8]
+    reader, other, name = f"reader_{suffix}", f"other_{suffix}", f"g_{suffix}"
+    conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(reader)))
+    conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(other)))
+    try:
+        conn.execute(sql.SQL("CREATE TABLE {} (a int)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(name),
+                                                               sql.Identifier(reader)))
+        conn.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(sql.Identifier(name),
+                                                               sql.Identifier(other)))
+        conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+        audit = audit_table(conn, name)
+        for role, expected in ((reader, True), (other, False)):
+            got = conn.execute("SELECT has_table_privilege(%s, %s, 'SELECT')",
+                               (role, audit)).fetchone()
+            assert got == (expected,), role
+        # a role with only INSERT on the base table can still write: the trigger is definer's
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(other)))
+        with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(other)))
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (42)").format(sql.Identifier(name)))
+        rows = conn.execute(sql.SQL("SELECT a, _mult FROM {}").format(sql.SQL(audit))).fetchall()
+        assert rows == [(42, 1)]
+    finally:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP OWNED BY {}, {}").format(sql.Identifier(reader),
+                                                          sql.Identifier(other)))
+        conn.execute(sql.SQL("DROP ROLE {}, {}").format(sql.Identifier(reader),
+                                                       sql.Identifier(other)))
+
+
+def test_gc_deletes_exactly_rows_visible_in_snapshot(conn: Conn, db_dsn: str, tracked: str) -> None:
+    t = sql.Identifier(tracked)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'a')").format(t))
+    with psycopg.connect(db_dsn) as w:
+        w.execute(sql.SQL("INSERT INTO {} VALUES (2, 2, 2, 'b')").format(t))   # open during V
+        v_row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert v_row is not None
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (3, 3, 3, 'c')").format(t))
+        w.commit()
+    deleted = conn.execute("SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)",
+                           (tracked, v_row[0])).fetchone()
+    left = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id")
+                        .format(sql.SQL(audit_table(conn, tracked)))).fetchall()
+    assert left == [(2,), (3,)]
+    assert deleted == (1,)
