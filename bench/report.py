@@ -1,0 +1,259 @@
+"""Outputs of a run under ``bench/results/<run-name>/``: raw CSV/JSON, a markdown summary with
+totals and speedups vs NS and FM, and PNG plots. ``python -m bench report <dir>`` re-renders the
+summary and plots from ``results.json``.
+
+Speedup vs X = X's total time / this system's total time on the same combo (> 1: faster than X).
+Total time = the sum of the client-observed latencies of the workload's operations (queries and
+updates, including any capture/maintenance the proxy does on their path); answer checks are not
+included.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.runner import BenchResult
+
+log = logging.getLogger(__name__)
+
+
+def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "machine": machine,
+        "config": result.config.to_json(),
+        "data": result.stats.to_json(),
+        "setup_s": result.setup_s,
+        "mismatches": result.mismatches,
+        "runs": [r.to_json() for r in result.runs],
+        "mismatch_details": result.mismatch_details,
+    }
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / "command.txt").write_text(machine["command"] + "\n")
+    with open(out / "ops.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["system", "combo", "ratio", "delta", "index", "kind", "template", "seconds",
+                    "rows", "match", "error"])
+        for o in result.ops:
+            w.writerow([o.system, o.combo, o.ratio, o.delta, o.index, o.kind, o.template,
+                        f"{o.seconds:.6f}", o.rows, "" if o.match is None else int(o.match),
+                        o.error])
+    write_runs_csv(doc, out / "runs.csv")
+    render(doc, out)
+    return doc
+
+
+def write_runs_csv(doc: dict[str, Any], path: Path) -> None:
+    keys = sorted({k for r in doc["runs"] for k in r.get("counters", {})})
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["system", "combo", "ratio", "delta", "sweep", "total_s", "query_s",
+                    "update_s", "wall_s", "n_queries", "n_updates", "checked", "mismatches",
+                    "errors", "maintenance_s", "error", *[f"sk_{k}" for k in keys]])
+        for r in doc["runs"]:
+            m = maintenance_seconds(r)
+            w.writerow([r["system"], r["combo"], r["ratio"], r["delta"], int(r["sweep"]),
+                        f"{r['total_s']:.6f}", f"{r['query_s']:.6f}", f"{r['update_s']:.6f}",
+                        f"{r['wall_s']:.6f}", r["n_queries"], r["n_updates"], r["checked"],
+                        r["mismatches"], r["errors"], "" if m is None else f"{m:.6f}",
+                        r["error"], *[r.get("counters", {}).get(k, "") for k in keys]])
+
+
+def render(doc: dict[str, Any], out: Path) -> None:
+    (out / "summary.md").write_text(summary_markdown(doc))
+    try:
+        plot_totals(doc, out / "total_time.png")
+        plot_maintenance(doc, out / "maintenance_vs_delta.png")
+    except Exception:  # plots are a convenience; the numbers are in the CSV/JSON
+        log.exception("plotting failed")
+
+
+# ----------------------------------------------------------------------------- derived figures
+
+def maintenance_seconds(run: dict[str, Any]) -> float | None:
+    """Time the proxy reports for sketch maintenance in this run (sum over sketches), if any."""
+    c = run.get("counters", {})
+    total, found = 0.0, False
+    for k, v in c.items():
+        kl = k.lower()
+        if "maint" not in kl:
+            continue
+        if kl.endswith("_ms") or "millis" in kl:
+            total += float(v) / 1000.0
+            found = True
+        elif kl.endswith("_s") or kl.endswith("_sec") or kl.endswith("seconds"):
+            total += float(v)
+            found = True
+    return total if found else None
+
+
+def _by_combo(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in doc["runs"]:
+        out[r["combo"]][r["system"]] = r
+    return out
+
+
+def _speedup(base: dict[str, Any] | None, r: dict[str, Any]) -> str:
+    if base is None or base.get("error") or r.get("error") or r["total_s"] <= 0:
+        return "–"
+    return f"{base['total_s'] / r['total_s']:.2f}×"
+
+
+def _fmt_s(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def summary_markdown(doc: dict[str, Any]) -> str:
+    m, cfg, data = doc["machine"], doc["config"], doc["data"]
+    sc = cfg["scale"]
+    lines = [
+        f"# Benchmark run `{cfg.get('run_name', '')}`",
+        "",
+        f"Command: `{m['command']}`  ",
+        f"When: {m['timestamp_utc']} · git {m['git_commit'][:12]}"
+        f"{' (dirty)' if m.get('git_dirty') else ''} · PostgreSQL {m['postgresql']} · "
+        f"{m['nproc']} CPUs ({m['cpu_model']}) · {m['memory_bytes'] / 2**30:.1f} GiB RAM · "
+        f"load at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
+        "",
+        f"Data: r = {data['rows']:,} rows, G = {data['groups']:,} groups, s = {data['groups']:,} "
+        f"rows, TPC-H SF {sc['tpch_sf']:g}{' (Q10-style top-k in the mix)' if data['tpch'] else ''}"
+        f"; seed {data['seed']}; {sc['ops']} operations per workload; setup "
+        f"{doc['setup_s']:.1f}s.",
+        "",
+        f"**Mismatches (proxy answer ≠ PostgreSQL answer): {doc['mismatches']}** over "
+        f"{sum(r['checked'] for r in doc['runs'])} checked queries.",
+        "",
+        "Total = sum of client-observed latencies of all operations (queries + updates), seconds. "
+        "Speedup vs X = X total / this total (> 1 means faster than X).",
+        "",
+    ]
+    by = _by_combo(doc)
+    lines += ["## Main matrix", "",
+              "| combo | system | total s | queries s | updates s | vs NS | vs FM | maint s | "
+              "checked | mismatches | sketches | counters |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in doc["runs"]:
+        if r["sweep"]:
+            continue
+        combo = by[r["combo"]]
+        ms = maintenance_seconds(r)
+        counters = {k: v for k, v in r.get("counters", {}).items() if k != "sketches"}
+        lines.append(
+            f"| {r['combo']} | {r['system']} | {_fmt_s(r['total_s'])} | {_fmt_s(r['query_s'])} | "
+            f"{_fmt_s(r['update_s'])} | {_speedup(combo.get('NS'), r)} | "
+            f"{_speedup(combo.get('FM'), r)} | {'–' if ms is None else _fmt_s(ms)} | "
+            f"{r['checked']} | {r['mismatches']} | "
+            f"{int(r.get('counters', {}).get('sketches', 0))} | "
+            f"{', '.join(f'{k}={v:g}' for k, v in sorted(counters.items())) or '–'}"
+            f"{' ERROR: ' + r['error'] if r['error'] else ''} |")
+    lines += ["", "## IMP-lazy speedup per ratio and delta", "",
+              "| ratio \\ delta | " + " | ".join(str(d) for d in sc["deltas"]) + " |",
+              "|---|" + "---:|" * len(sc["deltas"])]
+    for ratio in sc["ratios"]:
+        cells = []
+        for d in sc["deltas"]:
+            combo = by.get(f"{ratio}-d{d}", {})
+            r = combo.get("IMP-lazy")
+            if r is None:
+                cells.append("–")
+            else:
+                cells.append(f"{_speedup(combo.get('NS'), r)} vs NS, "
+                             f"{_speedup(combo.get('FM'), r)} vs FM")
+        lines.append(f"| {ratio} | " + " | ".join(cells) + " |")
+    sweep = [r for r in doc["runs"] if r["system"].startswith("IMP-eager") or
+             r["system"] == "IMP-lazy"]
+    sweep_combos = sorted({r["combo"] for r in doc["runs"] if r["sweep"]})
+    if sweep_combos:
+        lines += ["", "## Eager batch-size sweep (and lazy for reference)", "",
+                  "| combo | system | total s | maint s | vs NS | vs FM |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in sweep:
+            if r["combo"] not in sweep_combos:
+                continue
+            combo = by[r["combo"]]
+            ms = maintenance_seconds(r)
+            lines.append(f"| {r['combo']} | {r['system']} | {_fmt_s(r['total_s'])} | "
+                         f"{'–' if ms is None else _fmt_s(ms)} | {_speedup(combo.get('NS'), r)} | "
+                         f"{_speedup(combo.get('FM'), r)} |")
+    errs = [r for r in doc["runs"] if r["error"]]
+    if errs:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"* {r['combo']} {r['system']}: {r['error']}" for r in errs]
+    if doc["mismatch_details"]:
+        lines += ["", "## First mismatches", ""]
+        lines += [f"* {d['combo']} {d['system']} op {d['op']} ({d['template']}): {d['detail']}"
+                  for d in doc["mismatch_details"][:10]]
+    lines += ["", "Files: `results.json` (everything), `runs.csv`, `ops.csv` (every operation), "
+              "`total_time.png`, `maintenance_vs_delta.png`, `logs/` (proxy logs).", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- plots
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_totals(doc: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    runs = [r for r in doc["runs"] if not r["sweep"] and not r["error"]]
+    combos = list(dict.fromkeys(r["combo"] for r in runs))
+    systems = list(dict.fromkeys(r["system"] for r in runs))
+    if not combos:
+        return
+    by = _by_combo(doc)
+    width = 0.8 / max(1, len(systems))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(combos) + 2), 4.5))
+    for i, s in enumerate(systems):
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(combos))]
+        ys = [by[c][s]["total_s"] if s in by[c] else 0.0 for c in combos]
+        ax.bar(xs, ys, width, label=s)
+    ax.set_xticks(range(len(combos)), combos, rotation=30, ha="right")
+    ax.set_ylabel("total time (s)")
+    ax.set_yscale("log")
+    ax.set_title(f"Mixed workload, {doc['config']['scale']['ops']} ops, "
+                 f"{doc['data']['rows']:,} rows")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_maintenance(doc: dict[str, Any], path: Path) -> None:
+    """Maintenance time (proxy-reported; else total minus NS total as an upper bound proxy for
+    sketch overhead) against delta size, one line per system, one panel per ratio."""
+    plt = _plt()
+    runs = [r for r in doc["runs"] if r["system"] != "NS" and not r["error"]]
+    ratios = list(dict.fromkeys(r["ratio"] for r in runs))
+    if not ratios:
+        return
+    reported = any(maintenance_seconds(r) is not None for r in runs)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(4.5 * len(ratios), 4), squeeze=False)
+    for ax, ratio in zip(axes[0], ratios, strict=True):
+        for s in dict.fromkeys(r["system"] for r in runs):
+            pts = sorted((r["delta"], maintenance_seconds(r) if reported else r["total_s"])
+                         for r in runs if r["ratio"] == ratio and r["system"] == s)
+            pts = [(d, v) for d, v in pts if v is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [max(p[1], 1e-6) for p in pts], marker="o",
+                        label=s)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("delta size (rows per update)")
+        ax.set_title(ratio)
+    axes[0][0].set_ylabel("maintenance time (s)" if reported else "total time (s)")
+    axes[0][-1].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,180 @@
+"""The systems under test, reached over the wire with psycopg like any application.
+
+* NS: a connection straight to PostgreSQL.
+* FM / IMP-lazy / IMP-eager-<batch>: a connection to an ``imp-proxy serve`` subprocess started by
+  the harness (one per run, so each run starts without sketches), configured with the proxy's
+  admin statements (``IMP SET …``) on that connection, and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, LiteralString, cast
+
+import psycopg
+
+from bench.config import SystemSpec
+from imp_proxy.embedded import free_port
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+class ProxyError(RuntimeError):
+    """The proxy could not be started, configured or reached."""
+
+
+def admin_statements(spec: SystemSpec) -> list[str]:
+    """The proxy's admin statements that put it into the strategy of ``spec``.
+
+    Full maintenance is incremental maintenance switched off: a stale sketch is recaptured.
+    """
+    if spec.kind == "fm":
+        return ["IMP SET strategy = full"]
+    if spec.kind == "lazy":
+        return ["IMP SET strategy = lazy"]
+    if spec.kind == "eager":
+        return ["IMP SET strategy = eager", f"IMP SET batch_size = {int(spec.batch or 1)}"]
+    return []
+
+
+def execute(conn: Conn, text: str) -> psycopg.Cursor[tuple[Any, ...]]:
+    """Runs pre-rendered SQL text without parameters (simple query protocol)."""
+    return conn.execute(cast(LiteralString, text))
+
+
+def show_sketches(conn: Conn) -> list[dict[str, Any]]:
+    """Rows of ``IMP SHOW SKETCHES`` as dicts (column names from the row description)."""
+    cur = conn.execute("IMP SHOW SKETCHES")
+    names = [d.name for d in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+@dataclass
+class ProxyProcess:
+    """``imp-proxy serve --listen 127.0.0.1:<port> --upstream <dsn>`` as a child process."""
+
+    binary: str
+    upstream: str
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    port: int = field(default_factory=free_port)
+    pid: int | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def dsn(self, upstream_dsn: str) -> str:
+        """The client DSN for the proxy: the upstream's user/database, the proxy's address."""
+        params = psycopg.conninfo.conninfo_to_dict(upstream_dsn)
+        params.update(host="127.0.0.1", port=str(self.port))
+        params.pop("hostaddr", None)
+        return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+    def start(self, timeout: float = 30.0) -> None:
+        argv = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}",
+                "--upstream", self.upstream, *self.extra_args]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logfile = open(self.log_path, "ab")  # noqa: SIM115 — handed to the child
+        try:
+            self._proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        finally:
+            logfile.close()
+        self.pid = self._proc.pid
+        log.info("proxy pid %d on port %d: %s", self.pid, self.port, " ".join(argv))
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise ProxyError(f"proxy exited with {self._proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise ProxyError(f"proxy not listening after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM by PID, then SIGKILL if it does not exit in time."""
+        if self._proc is None or self.pid is None:
+            return
+        if self._proc.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("proxy pid %d ignored SIGTERM; killing", self.pid)
+                os.kill(self.pid, signal.SIGKILL)
+                self._proc.wait()
+            except ProcessLookupError:
+                pass
+        self.pid = None
+        self._proc = None
+
+
+@dataclass
+class Endpoint:
+    """What a run talks to: the system's connection and, for proxied systems, a direct one."""
+
+    spec: SystemSpec
+    conn: Conn
+    direct: Conn
+    proxy: ProxyProcess | None = None
+
+    def sketches(self) -> list[dict[str, Any]]:
+        if self.proxy is None:
+            return []
+        return show_sketches(self.conn)
+
+
+@contextmanager
+def open_endpoint(spec: SystemSpec, db_dsn: str, proxy_bin: str, log_path: Path,
+                  proxy_args: tuple[str, ...] = ()) -> Iterator[Endpoint]:
+    """Connections for one run of ``spec`` against database ``db_dsn``; starts/stops the proxy."""
+    direct = psycopg.connect(db_dsn, autocommit=True)
+    proxy: ProxyProcess | None = None
+    try:
+        if not spec.via_proxy:
+            yield Endpoint(spec, direct, direct)
+            return
+        proxy = ProxyProcess(proxy_bin, db_dsn, log_path, proxy_args)
+        proxy.start()
+        conn = _connect_retry(proxy.dsn(db_dsn))
+        try:
+            for stmt in admin_statements(spec):
+                execute(conn, stmt)
+            yield Endpoint(spec, conn, direct, proxy)
+        finally:
+            conn.close()
+    finally:
+        direct.close()
+        if proxy is not None:
+            proxy.stop()
+
+
+def _connect_retry(dsn: str, timeout: float = 15.0) -> Conn:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
+        except psycopg.OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise ProxyError(f"cannot connect through the proxy: {exc}") from exc
+            time.sleep(0.1)
