@@ -21,6 +21,8 @@ from bench.runner import BenchResult
 
 log = logging.getLogger(__name__)
 
+QUERY_TEMPLATES = ("having", "join", "topk", "tpch-topk")
+
 
 def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
@@ -31,6 +33,7 @@ def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[s
         "setup_s": result.setup_s,
         "mismatches": result.mismatches,
         "runs": [r.to_json() for r in result.runs],
+        "template_latency": template_latency(result),
         "mismatch_details": result.mismatch_details,
     }
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -46,6 +49,20 @@ def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[s
     write_runs_csv(doc, out / "runs.csv")
     render(doc, out)
     return doc
+
+
+def template_latency(result: BenchResult) -> list[dict[str, Any]]:
+    """Mean/median latency per system, delta and operation template, over all combos."""
+    groups: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    for o in result.ops:
+        groups[(o.system, o.delta, o.template)].append(o.seconds)
+    out = []
+    for (system, delta, template), secs in sorted(groups.items()):
+        secs.sort()
+        out.append({"system": system, "delta": delta, "template": template, "n": len(secs),
+                    "mean_ms": 1000 * sum(secs) / len(secs),
+                    "median_ms": 1000 * secs[len(secs) // 2]})
+    return out
 
 
 def write_runs_csv(doc: dict[str, Any], path: Path) -> None:
@@ -77,11 +94,15 @@ def render(doc: dict[str, Any], out: Path) -> None:
 
 def maintenance_seconds(run: dict[str, Any]) -> float | None:
     """Time the proxy reports for sketch maintenance in this run (sum over sketches), if any."""
-    c = run.get("counters", {})
+    c = run.get("proxy_stats") or run.get("counters", {})
     total, found = 0.0, False
     for k, v in c.items():
         kl = k.lower()
         if "maint" not in kl:
+            continue
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
             continue
         if kl.endswith("_ms") or "millis" in kl:
             total += float(v) / 1000.0
@@ -181,6 +202,19 @@ def summary_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {r['combo']} | {r['system']} | {_fmt_s(r['total_s'])} | "
                          f"{'–' if ms is None else _fmt_s(ms)} | {_speedup(combo.get('NS'), r)} | "
                          f"{_speedup(combo.get('FM'), r)} |")
+    lat = doc.get("template_latency", [])
+    if lat:
+        systems = list(dict.fromkeys(x["system"] for x in lat))
+        keys = sorted({(x["template"], x["delta"]) for x in lat},
+                      key=lambda k: (k[0] not in QUERY_TEMPLATES, k[0], k[1]))
+        cell = {(x["system"], x["template"], x["delta"]): x for x in lat}
+        lines += ["", "## Mean latency per operation template (ms, all combos)", "",
+                  "| template | delta | " + " | ".join(systems) + " |",
+                  "|---|---:|" + "---:|" * len(systems)]
+        for t, d in keys:
+            vals = [cell.get((s, t, d)) for s in systems]
+            lines.append(f"| {t} | {d} | " + " | ".join(
+                "–" if v is None else f"{v['mean_ms']:.2f}" for v in vals) + " |")
     errs = [r for r in doc["runs"] if r["error"]]
     if errs:
         lines += ["", "## Failed runs", ""]

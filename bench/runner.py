@@ -66,6 +66,7 @@ class RunResult:
     errors: int = 0
     counters: dict[str, float] = field(default_factory=dict)
     sketches: list[dict[str, Any]] = field(default_factory=list)
+    proxy_stats: dict[str, Any] = field(default_factory=dict)
     error: str = ""
 
     @property
@@ -237,6 +238,7 @@ class Bench:
                 res.wall_s = time.perf_counter() - t0
                 res.sketches = ep.sketches()
                 res.counters = sketch_counters(res.sketches)
+                res.proxy_stats = ep.stats()
         except Exception as exc:  # a failed run is reported, the others still run
             log.exception("run %s %s failed", combo.label, spec.name)
             res.error = f"{type(exc).__name__}: {exc}"

@@ -60,6 +60,11 @@ def show_sketches(conn: Conn) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+def show_stats(conn: Conn) -> dict[str, Any]:
+    """``IMP SHOW STATS`` (key/value rows) as a dict."""
+    return {str(k): v for k, v in conn.execute("IMP SHOW STATS").fetchall()}
+
+
 @dataclass
 class ProxyProcess:
     """``imp-proxy serve --listen 127.0.0.1:<port> --upstream <dsn>`` as a child process."""
@@ -142,6 +147,11 @@ class Endpoint:
         if self.proxy is None:
             return []
         return show_sketches(self.conn)
+
+    def stats(self) -> dict[str, Any]:
+        if self.proxy is None:
+            return {}
+        return show_stats(self.conn)
 
 
 @contextmanager
