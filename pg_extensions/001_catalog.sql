@@ -1,0 +1,51 @@
+-- Sketch catalog: range partitions and provenance sketches (owner: sketches.catalog).
+-- Idempotent: every object is created only if missing.
+
+CREATE SCHEMA IF NOT EXISTS imp;
+
+-- One row per (column, version) range partition. bounds holds PostgreSQL's text output of each
+-- bound (cast to type_name to compare), bounds_literal the whole array literal.
+CREATE TABLE IF NOT EXISTS imp.range_partitions (
+    id             bigserial PRIMARY KEY,
+    schema_name    text NOT NULL,
+    table_name     text NOT NULL,
+    column_name    text NOT NULL,
+    type_name      text NOT NULL,
+    bounds         text[] NOT NULL,
+    bounds_literal text NOT NULL,
+    version        int NOT NULL DEFAULT 1,
+    valid          boolean NOT NULL DEFAULT true,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (schema_name, table_name, column_name, version)
+);
+
+-- One row per captured sketch. template is the pglast fingerprint of query_text; params the
+-- text form of the query's parameters ($n), NULL when it has none. version is the snapshot the
+-- sketch is exact for. strategy names how it is kept up to date (capture | maintenance name).
+CREATE TABLE IF NOT EXISTS imp.sketches (
+    id            bigserial PRIMARY KEY,
+    template      text NOT NULL,
+    query_text    text NOT NULL,
+    params        text[],
+    tables        text[] NOT NULL,
+    attributes    text[] NOT NULL,
+    partition_ids bigint[] NOT NULL,
+    version       pg_snapshot NOT NULL,
+    captures      int NOT NULL DEFAULT 1,
+    maintenances  int NOT NULL DEFAULT 0,
+    uses          int NOT NULL DEFAULT 0,
+    last_used     timestamptz,
+    strategy      text NOT NULL DEFAULT 'capture',
+    valid         boolean NOT NULL DEFAULT true,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
+
+-- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).
+CREATE TABLE IF NOT EXISTS imp.sketch_fragments (
+    sketch_id    bigint NOT NULL REFERENCES imp.sketches (id) ON DELETE CASCADE,
+    ordinal      int NOT NULL,
+    partition_id bigint NOT NULL REFERENCES imp.range_partitions (id),
+    fragments    int[] NOT NULL,
+    PRIMARY KEY (sketch_id, ordinal)
+);

@@ -1,0 +1,165 @@
+"""Persistence of range partitions and sketches in schema ``imp`` (pg_extensions/001_catalog.sql).
+
+All functions run on the caller's connection and transaction, so what they read and write is
+in the caller's snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+import pg_extensions
+from sketches.ranges import RangePartition
+from sketches.sketch import Sketch
+
+log = logging.getLogger(__name__)
+
+
+def ensure_installed(conn: psycopg.Connection[Any]) -> None:
+    """Installs the ``imp`` schema's migrations if the sketch catalog is missing."""
+    row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        pg_extensions.install(conn)
+
+
+def _load_bounds(conn: psycopg.Connection[Any], type_name: str,
+                 literal: str) -> tuple[Any, ...]:
+    row = conn.execute(sql.SQL("SELECT %s::{}[]").format(sql.SQL(type_name)),
+                       (literal,)).fetchone()
+    assert row is not None
+    return tuple(row[0])
+
+
+def save_partition(conn: psycopg.Connection[Any], p: RangePartition) -> RangePartition:
+    """Stores ``p`` as the next version of its column's partition; returns it with id/version."""
+    row = conn.execute(
+        "INSERT INTO imp.range_partitions (schema_name, table_name, column_name, type_name,"
+        " bounds, bounds_literal, version)"
+        " SELECT %s, %s, %s, %s, %s, %s, coalesce(max(version), 0) + 1"
+        " FROM imp.range_partitions"
+        " WHERE schema_name = %s AND table_name = %s AND column_name = %s"
+        " RETURNING id, version",
+        (p.schema, p.table, p.column, p.type_name, list(p.literals), p.array_literal,
+         p.schema, p.table, p.column)).fetchone()
+    assert row is not None
+    return p.with_id(int(row[0]), int(row[1]))
+
+
+def _partition_from_row(conn: psycopg.Connection[Any], row: Sequence[Any]) -> RangePartition:
+    pid, schema, table, column, type_name, literals, array_literal, version = row
+    return RangePartition(schema, table, column, type_name,
+                          _load_bounds(conn, type_name, array_literal), tuple(literals),
+                          array_literal, int(pid), int(version))
+
+
+_PARTITION_COLUMNS = ("SELECT id, schema_name, table_name, column_name, type_name, bounds,"
+                      " bounds_literal, version FROM imp.range_partitions")
+
+
+def latest_partition(conn: psycopg.Connection[Any], schema: str, table: str,
+                     column: str) -> RangePartition | None:
+    """The newest valid partition of the column, if any."""
+    row = conn.execute(
+        _PARTITION_COLUMNS + " WHERE schema_name = %s AND table_name = %s AND column_name = %s"
+        " AND valid ORDER BY version DESC LIMIT 1", (schema, table, column)).fetchone()
+    return _partition_from_row(conn, row) if row else None
+
+
+def load_partition(conn: psycopg.Connection[Any], partition_id: int) -> RangePartition | None:
+    row = conn.execute(_PARTITION_COLUMNS + " WHERE id = %s", (partition_id,)).fetchone()
+    return _partition_from_row(conn, row) if row else None
+
+
+def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch) -> int:
+    """Inserts ``sketch`` (its partitions must have ids); returns the new sketch id."""
+    params = None if sketch.params is None else [None if v is None else str(v)
+                                                  for v in sketch.params]
+    row = conn.execute(
+        "INSERT INTO imp.sketches (template, query_text, params, tables, attributes,"
+        " partition_ids, version, strategy) VALUES (%s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s)"
+        " RETURNING id",
+        (sketch.template, sketch.query, params, [p.table.alias for p in sketch.parts],
+         [p.column for p in sketch.parts], [p.partition.id for p in sketch.parts],
+         sketch.version, sketch.strategy)).fetchone()
+    assert row is not None
+    sketch_id = int(row[0])
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO imp.sketch_fragments (sketch_id, ordinal, partition_id, fragments)"
+            " VALUES (%s, %s, %s, %s)",
+            [(sketch_id, i, p.partition.id, sorted(p.fragments))
+             for i, p in enumerate(sketch.parts)])
+    return sketch_id
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSketch:
+    """A catalog row: enough to rebuild a ``Sketch`` once the query is re-analysed (tables are
+    identified by alias, which is the same for every query of a template)."""
+
+    id: int
+    template: str
+    query: str
+    params: tuple[str | None, ...] | None
+    aliases: tuple[str, ...]
+    columns: tuple[str, ...]
+    partitions: tuple[RangePartition, ...]
+    fragments: tuple[frozenset[int], ...]
+    version: str
+    strategy: str
+    captures: int
+    maintenances: int
+    uses: int
+
+
+def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSketch]:
+    """Valid sketches of ``template``, newest first."""
+    rows = conn.execute(
+        "SELECT s.id, s.template, s.query_text, s.params, s.tables, s.attributes,"
+        " s.version::text, s.strategy, s.captures, s.maintenances, s.uses,"
+        " array_agg(f.partition_id ORDER BY f.ordinal),"
+        " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal)"
+        " FROM imp.sketches s JOIN imp.sketch_fragments f ON f.sketch_id = s.id"
+        " WHERE s.template = %s AND s.valid GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
+        (template,)).fetchall()
+    out = []
+    for r in rows:
+        partitions = []
+        for pid in r[11]:
+            p = load_partition(conn, int(pid))
+            if p is None:
+                break
+            partitions.append(p)
+        else:
+            frags = tuple(frozenset(int(x) for x in s.split(",") if x) for s in r[12])
+            out.append(StoredSketch(
+                int(r[0]), r[1], r[2], None if r[3] is None else tuple(r[3]), tuple(r[4]),
+                tuple(r[5]), tuple(partitions), frags, r[6], r[7], r[8], r[9], r[10]))
+    return out
+
+
+def update_counters(conn: psycopg.Connection[Any], sketch_id: int, uses: int,
+                    maintenances: int) -> None:
+    """Adds ``uses``/``maintenances`` to the sketch's counters and stamps ``last_used``."""
+    conn.execute("UPDATE imp.sketches SET uses = uses + %s, maintenances = maintenances + %s,"
+                 " last_used = now() WHERE id = %s", (uses, maintenances, sketch_id))
+
+
+def invalidate(conn: psycopg.Connection[Any], sketch_id: int) -> None:
+    conn.execute("UPDATE imp.sketches SET valid = false WHERE id = %s", (sketch_id,))
+
+
+def delete_sketch(conn: psycopg.Connection[Any], sketch_id: int) -> bool:
+    cur = conn.execute("DELETE FROM imp.sketches WHERE id = %s", (sketch_id,))
+    return cur.rowcount > 0
+
+
+def delete_all(conn: psycopg.Connection[Any]) -> int:
+    cur = conn.execute("DELETE FROM imp.sketches")
+    return cur.rowcount

@@ -1,0 +1,43 @@
+"""Exception classes of the sketch library.
+
+Every failure the proxy must react to (by forwarding the client's original SQL) is a
+``SketchError``; the subclasses say which stage refused.
+"""
+
+from __future__ import annotations
+
+
+class SketchError(Exception):
+    """Base class: the query cannot be answered with a sketch; forward it unchanged."""
+
+
+class UnsupportedQuery(SketchError):
+    """The query is outside the class the analyser understands.
+
+    ``str(exc)`` is ``"unsupported: <reason>"``; ``exc.reason`` is the bare reason.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"unsupported: {reason}")
+        self.reason = reason
+
+
+class NeedsCatalog(UnsupportedQuery):
+    """Analysis needs the database catalog (e.g. to resolve an unqualified column in a join)
+    and was run without a column resolver. Not a verdict on the query: retry with one."""
+
+
+class NotSketchable(SketchError):
+    """The query is supported but no attribute is provably safe (DESIGN §4)."""
+
+
+class PartitionError(SketchError):
+    """A range partition could not be built (unknown table/column, unsupported type)."""
+
+
+class CaptureError(SketchError):
+    """The capture query failed or returned something unexpected."""
+
+
+class InstrumentationError(SketchError):
+    """The rewritten query did not survive the print/re-parse safety belt."""

@@ -1,0 +1,67 @@
+"""Is a sketch captured at snapshot V still exact in the current snapshot S? — a rule that is
+never wrong, used until incremental maintenance (issue 4) plugs into the manager.
+
+The database state a snapshot sees is determined by the set of committed transactions it
+treats as visible. If every transaction that committed and is visible in exactly one of V and
+S (the symmetric difference) is known not to have modified user data, then V and S see the
+same rows in every user table, and a sketch exact for V is exact for S.
+
+"Known not to have modified user data" = the transaction is one of the manager's own
+catalog-writing transactions (its xids are recorded when it writes; those transactions touch
+only schema ``imp`` and statistics). Aborted transactions changed nothing. Everything else —
+any commit anywhere in the cluster, on any table — counts as a change. This is coarse (a
+write to an unrelated table forces a recapture) but exact; it never relies on
+``pg_stat_*`` counters (not transactional) or sequence numbers (sequence order is not commit
+order). Transactions whose status is no longer known (``pg_xact_status`` NULL) count as
+changes; so do histories longer than ``horizon`` xids, to bound the check's cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HORIZON = 200_000
+
+_CHECK = """
+WITH s AS (SELECT pg_current_snapshot() AS cur, %(v)s::pg_snapshot AS v),
+     r AS (SELECT cur, v,
+                  least(pg_snapshot_xmin(cur), pg_snapshot_xmin(v))::text::bigint AS lo,
+                  greatest(pg_snapshot_xmax(cur), pg_snapshot_xmax(v))::text::bigint AS hi
+           FROM s)
+SELECT CASE WHEN r.hi - r.lo > %(horizon)s THEN true ELSE EXISTS (
+    SELECT 1 FROM generate_series(r.lo, r.hi - 1) AS g(x)
+    WHERE pg_visible_in_snapshot(x::text::xid8, r.cur)
+          IS DISTINCT FROM pg_visible_in_snapshot(x::text::xid8, r.v)
+      AND pg_xact_status(x::text::xid8) IS DISTINCT FROM 'aborted'
+      AND x <> ALL(%(own)s::bigint[])) END
+FROM r
+"""
+
+
+def changed_since(conn: psycopg.Connection[Any], version: str, own_xids: Collection[int],
+                  horizon: int = DEFAULT_HORIZON) -> bool:
+    """True unless the current snapshot provably sees the same user data as ``version``."""
+    row = conn.execute(_CHECK, {"v": version, "horizon": horizon,
+                                "own": sorted(own_xids)}).fetchone()
+    changed = True if row is None else bool(row[0])
+    log.debug("changed since %s: %s", version, changed)
+    return changed
+
+
+def current_xid(conn: psycopg.Connection[Any]) -> int:
+    """The current transaction's xid (assigning one if it has none yet)."""
+    row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def current_snapshot(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert row is not None
+    return str(row[0])

@@ -1,0 +1,482 @@
+"""``SketchManager``: the facade the proxy calls (docs/INTERFACES.md §1).
+
+``classify(sql)`` is cheap and cached by exact text (LRU): parse, analyse without the
+catalog, safety check. ``prepare(conn, sql, params)`` runs inside the client's snapshot on a
+service connection: it finds a reusable sketch of the query's template and brings it up to
+date through the maintenance hook, or captures a new one, and returns the instrumented SQL.
+
+Maintenance hook (issue 4): ``SketchManager(settings, maintenance=...)`` takes a
+``MaintenanceStrategy``. Until the incremental engine plugs in, the default
+``RecaptureOnChange`` keeps a sketch only while ``sketches.freshness`` proves that the
+current snapshot sees the same data as the sketch's version, and otherwise asks for a
+recapture — never wrong, but any commit in the cluster forces a recapture.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql as psql
+
+from sketches import catalog, freshness
+from sketches.capture import CaptureTarget, capture
+from sketches.errors import CaptureError, NeedsCatalog, SketchError, UnsupportedQuery
+from sketches.instrument import instrument
+from sketches.ranges import RangePartition, build_partition, column_info
+from sketches.safety import SafeAttribute, Safety, check
+from sketches.sketch import Sketch, SketchPart
+from sketches.sql import QueryAnalysis, analyse, fingerprint
+from sketches.sql.template import TemplateInstance, instance, reusable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SketchSettings:
+    """``fragments``: fragments per range partition; ``capture_after``: capture on the N-th
+    execution of a template (1 = first sight); ``max_coverage``: do not instrument when a
+    sketch covers more than this fraction of its fragments (1.0: only when it covers all);
+    ``persist``: store partitions and sketches in schema ``imp``."""
+
+    enabled: bool = True
+    fragments: int = 1000
+    capture_after: int = 1
+    max_coverage: float = 1.0
+    classify_cache_size: int = 4096
+    persist: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    candidate: bool
+    reason: str
+    template: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    decision: str  # "use" | "capture" | "passthrough"
+    reason: str
+    sketch_id: int | None
+    instrumented_sql: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRequest:
+    """What a maintenance strategy gets besides the sketch: the analysed query, its
+    parameters and the xids of the manager's own catalog-only transactions."""
+
+    analysis: QueryAnalysis
+    params: tuple[object, ...] | None
+    own_xids: frozenset[int]
+
+
+class MaintenanceStrategy(Protocol):
+    """HOOK for the incremental engine (issue 4).
+
+    ``refresh`` runs on the manager's connection inside the client's snapshot. It returns the
+    sketch valid for that snapshot (the same object if nothing changed, or one built with
+    ``Sketch.with_state(parts, version)`` after incremental maintenance), or ``None`` when it
+    cannot — the manager then captures anew. It must never return a sketch that could miss
+    provenance in the current snapshot."""
+
+    name: str
+
+    def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
+                request: MaintenanceRequest) -> Sketch | None: ...
+
+
+class RecaptureOnChange:
+    """Default strategy: keep the sketch iff the data provably did not change
+    (``sketches.freshness.changed_since``), else recapture."""
+
+    name = "recapture-on-change"
+
+    def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
+                request: MaintenanceRequest) -> Sketch | None:
+        if freshness.changed_since(conn, sketch.version, request.own_xids):
+            return None
+        return sketch
+
+
+@dataclass
+class _Entry:
+    """A sketch known to the manager with its template instance and counters."""
+
+    sketch: Sketch
+    instance: TemplateInstance
+    captures: int = 1
+    maintenances: int = 0
+    uses: int = 0
+    last_used: float | None = None
+
+
+@dataclass
+class _Template:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    seen: int = 0
+    loaded: bool = False
+    entries: list[_Entry] = field(default_factory=list)
+
+
+class SketchManager:
+    """Thread-safe facade; one lock per template plus one for shared maps."""
+
+    def __init__(self, settings: SketchSettings | None = None,
+                 maintenance: MaintenanceStrategy | None = None) -> None:
+        self.settings = settings or SketchSettings()
+        self.maintenance: MaintenanceStrategy = maintenance or RecaptureOnChange()
+        self._lock = threading.Lock()
+        self._classified: OrderedDict[str, Classification] = OrderedDict()
+        self._templates: dict[str, _Template] = {}
+        self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
+        self._own_xids: set[int] = set()
+        self._installed = False
+        self._stats: Counter[str] = Counter()
+
+    # ---- classification --------------------------------------------------------------
+
+    def classify(self, sql: str) -> Classification:
+        """Cheap verdict by exact text: supported class and a safe attribute?"""
+        with self._lock:
+            hit = self._classified.get(sql)
+            if hit is not None:
+                self._classified.move_to_end(sql)
+                self._stats["classify_hits"] += 1
+                return hit
+        result = self._classify(sql)
+        with self._lock:
+            self._stats["classify_misses"] += 1
+            self._classified[sql] = result
+            while len(self._classified) > self.settings.classify_cache_size:
+                self._classified.popitem(last=False)
+        return result
+
+    @staticmethod
+    def _classify(sql: str) -> Classification:
+        try:
+            template = fingerprint(sql)
+        except UnsupportedQuery as exc:
+            return Classification(False, str(exc), None)
+        try:
+            safety = check(analyse(sql))
+        except NeedsCatalog:
+            return Classification(True, "columns resolved against the catalog at prepare",
+                                  template)
+        except UnsupportedQuery as exc:
+            return Classification(False, str(exc), template)
+        return Classification(safety.sketchable, safety.reason, template)
+
+    # ---- prepare ---------------------------------------------------------------------
+
+    def prepare(self, conn: psycopg.Connection[Any], sql: str,
+                params: Sequence[object] | None = None,
+                search_path: str | None = None) -> Prepared:
+        """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
+
+        Refusals (unsupported, not sketchable, safety belt) return a passthrough; database
+        errors propagate (the caller rolls back and forwards the original query)."""
+        if not self.settings.enabled:
+            return self._passthrough("sketches disabled")
+        cls = self.classify(sql)
+        if not cls.candidate or cls.template is None:
+            return self._passthrough(cls.reason)
+        if search_path is not None:
+            conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
+        tmpl = self._template(cls.template)
+        with tmpl.lock:
+            tmpl.seen += 1
+            try:
+                return self._prepare(conn, sql, tuple(params) if params is not None else None,
+                                     cls.template, tmpl)
+            except CaptureError:
+                self._stats["errors"] += 1
+                raise
+            except SketchError as exc:
+                return self._passthrough(str(exc))
+
+    def _passthrough(self, reason: str) -> Prepared:
+        with self._lock:
+            self._stats["passthrough"] += 1
+        return Prepared("passthrough", reason, None, None)
+
+    def _template(self, template: str) -> _Template:
+        with self._lock:
+            return self._templates.setdefault(template, _Template())
+
+    def _prepare(self, conn: psycopg.Connection[Any], sql: str,
+                 params: tuple[object, ...] | None, template: str,
+                 tmpl: _Template) -> Prepared:
+        analysis = analyse(sql, _resolver(conn))
+        safety = check(analysis)
+        if not safety.sketchable:
+            return self._passthrough(safety.reason)
+        if self.settings.persist:
+            self._ensure_catalog(conn)
+            if not tmpl.loaded:
+                self._load(conn, template, tmpl, analysis)
+        inst = instance(sql, params)
+        request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
+        for entry in list(tmpl.entries):
+            if not reusable(entry.instance, inst):
+                continue
+            refreshed = self.maintenance.refresh(conn, entry.sketch, request)
+            if refreshed is None:
+                self._forget(conn, tmpl, entry)
+                continue
+            if refreshed is not entry.sketch:
+                entry.maintenances += 1
+                entry.sketch = refreshed
+            entry.uses += 1
+            entry.last_used = time.time()
+            self._count("uses")
+            return self._finish("use", sql, entry.sketch)
+        if not tmpl.entries and tmpl.seen < self.settings.capture_after:
+            return self._passthrough(f"template seen {tmpl.seen} of "
+                                     f"{self.settings.capture_after} times before capture")
+        sketch = self._capture(conn, sql, params, template, analysis, safety)
+        entry = _Entry(sketch, inst, last_used=time.time(), uses=1)
+        tmpl.entries.insert(0, entry)
+        self._count("captures")
+        return self._finish("capture", sql, sketch)
+
+    def _finish(self, decision: str, sql: str, sketch: Sketch) -> Prepared:
+        worst = max(p.coverage for p in sketch.parts)
+        if sketch.covers_all:
+            return Prepared(decision, "sketch covers every fragment", sketch.id, None)
+        if worst > self.settings.max_coverage:
+            return Prepared(decision, f"sketch covers {worst:.0%} of the fragments",
+                            sketch.id, None)
+        text = instrument(sql, sketch.parts)
+        summary = ", ".join(f"{p.table.alias}.{p.column} {len(p.fragments)}/"
+                            f"{p.partition.fragment_count}" for p in sketch.parts)
+        return Prepared(decision, f"sketch {summary}", sketch.id, text)
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._stats[key] += 1
+
+    # ---- capture ---------------------------------------------------------------------
+
+    def _capture(self, conn: psycopg.Connection[Any], sql: str,
+                 params: tuple[object, ...] | None, template: str,
+                 analysis: QueryAnalysis, safety: Safety) -> Sketch:
+        targets = self._targets(conn, analysis, safety)
+        result = capture(conn, sql, analysis, targets, params)
+        sketch = Sketch(None, template, sql, params, result.parts, result.version,
+                        self.maintenance.name)
+        if self.settings.persist:
+            sketch = sketch.with_id(catalog.save_sketch(conn, sketch))
+            self._remember_own_xid(conn)
+        else:
+            with self._lock:
+                self._stats["local_ids"] += 1
+                sketch = sketch.with_id(-self._stats["local_ids"])
+        return sketch
+
+    def _targets(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                 safety: Safety) -> list[CaptureTarget]:
+        targets = []
+        for table_index, attrs in safety.by_table().items():
+            table = analysis.tables[table_index]
+            resolved = _resolve_table(conn, table.schema, table.name)
+            if resolved is None:
+                continue
+            schema, name = resolved
+            attr = _prefer_indexed(conn, schema, name, attrs)
+            partition, nullable = self._partition(conn, schema, name, attr.column.column)
+            targets.append(CaptureTarget(table, schema, attr.column.column, partition,
+                                         nullable))
+        if not targets:
+            raise SketchError("no sketchable base table (views or unknown relations)")
+        return targets
+
+    def _partition(self, conn: psycopg.Connection[Any], schema: str, table: str,
+                   column: str) -> tuple[RangePartition, bool]:
+        key = (schema, table, column)
+        with self._lock:
+            cached = self._partitions.get(key)
+        if cached is not None:
+            return cached
+        nullable = not column_info(conn, schema, table, column).not_null
+        partition = catalog.latest_partition(conn, *key) if self.settings.persist else None
+        if partition is None or partition.n + 1 > self.settings.fragments:
+            partition = build_partition(conn, schema, table, column, self.settings.fragments)
+            if self.settings.persist:
+                partition = catalog.save_partition(conn, partition)
+                self._remember_own_xid(conn)
+        with self._lock:
+            self._partitions[key] = (partition, nullable)
+        return partition, nullable
+
+    # ---- catalog ---------------------------------------------------------------------
+
+    def _ensure_catalog(self, conn: psycopg.Connection[Any]) -> None:
+        if not self._installed:
+            catalog.ensure_installed(conn)
+            self._installed = True
+
+    def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
+        xid = freshness.current_xid(conn)
+        with self._lock:
+            self._own_xids.add(xid)
+
+    def _load(self, conn: psycopg.Connection[Any], template: str, tmpl: _Template,
+              analysis: QueryAnalysis) -> None:
+        tmpl.loaded = True
+        for stored in catalog.load_sketches(conn, template):
+            try:
+                stored_analysis = analyse(stored.query, _resolver(conn))
+            except UnsupportedQuery:
+                continue
+            by_alias = {t.alias: t for t in stored_analysis.tables}
+            if any(a not in by_alias for a in stored.aliases):
+                continue
+            parts = tuple(
+                SketchPart(by_alias[a], p.schema, c, p, f)
+                for a, c, p, f in zip(stored.aliases, stored.columns, stored.partitions,
+                                      stored.fragments, strict=True))
+            sketch = Sketch(stored.id, template, stored.query, stored.params, parts,
+                            stored.version, stored.strategy)
+            tmpl.entries.append(_Entry(sketch, instance(stored.query, stored.params),
+                                       stored.captures, stored.maintenances, stored.uses))
+
+    def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
+        tmpl.entries.remove(entry)
+        if self.settings.persist and entry.sketch.id is not None and entry.sketch.id > 0:
+            catalog.invalidate(conn, entry.sketch.id)
+            self._remember_own_xid(conn)
+        self._count("invalidated")
+
+    def flush_counters(self, conn: psycopg.Connection[Any]) -> None:
+        """Writes the in-memory use/maintenance counters to the catalog (counters are kept in
+        memory on the hot path so concurrent uses never conflict on a catalog row)."""
+        with self._lock:
+            entries = [e for t in self._templates.values() for e in t.entries]
+        for e in entries:
+            if e.sketch.id is not None and e.sketch.id > 0 and (e.uses or e.maintenances):
+                catalog.update_counters(conn, e.sketch.id, e.uses, e.maintenances)
+                e.uses = e.maintenances = 0
+        self._remember_own_xid(conn)
+
+    # ---- admin -----------------------------------------------------------------------
+
+    def get(self, sketch_id: int) -> Sketch | None:
+        """The sketch with this id, if the manager holds it."""
+        with self._lock:
+            for t in self._templates.values():
+                for e in t.entries:
+                    if e.sketch.id == sketch_id:
+                        return e.sketch
+        return None
+
+    def sketches(self) -> list[dict[str, object]]:
+        """One row per sketch held (IMP SHOW SKETCHES)."""
+        rows: list[dict[str, object]] = []
+        with self._lock:
+            for template, t in self._templates.items():
+                for e in t.entries:
+                    s = e.sketch
+                    rows.append({
+                        "id": s.id, "template": template, "query": s.query,
+                        "tables": [f"{p.schema}.{p.partition.table}" for p in s.parts],
+                        "attributes": [p.column for p in s.parts],
+                        "fragments": [f"{len(p.fragments)}/{p.partition.fragment_count}"
+                                      for p in s.parts],
+                        "coverage": max(p.coverage for p in s.parts),
+                        "version": s.version, "strategy": s.strategy,
+                        "captures": e.captures, "maintenances": e.maintenances,
+                        "uses": e.uses, "last_used": e.last_used,
+                    })
+        return rows
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            out: dict[str, object] = dict(self._stats)
+            out["templates"] = len(self._templates)
+            out["sketches"] = sum(len(t.entries) for t in self._templates.values())
+            out["classify_cache"] = len(self._classified)
+            out["maintenance"] = self.maintenance.name
+        return out
+
+    def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
+        found = False
+        with self._lock:
+            for t in self._templates.values():
+                for e in list(t.entries):
+                    if e.sketch.id == sketch_id:
+                        t.entries.remove(e)
+                        found = True
+        if self.settings.persist:
+            self._ensure_catalog(conn)
+            found = catalog.delete_sketch(conn, sketch_id) or found
+        return found
+
+    def drop_all(self, conn: psycopg.Connection[Any]) -> int:
+        with self._lock:
+            count = sum(len(t.entries) for t in self._templates.values())
+            for t in self._templates.values():
+                t.entries.clear()
+                t.loaded = True
+        if self.settings.persist:
+            self._ensure_catalog(conn)
+            count = max(count, catalog.delete_all(conn))
+        return count
+
+
+def _resolver(conn: psycopg.Connection[Any]) -> Any:
+    """Column lists from the catalog, resolved through the connection's search_path."""
+    cache: dict[tuple[str | None, str], list[str] | None] = {}
+
+    def columns(schema: str | None, table: str) -> list[str] | None:
+        key = (schema, table)
+        if key not in cache:
+            resolved = _resolve_table(conn, schema, table)
+            if resolved is None:
+                cache[key] = None
+            else:
+                rows = conn.execute(
+                    "SELECT a.attname FROM pg_attribute a WHERE a.attrelid ="
+                    " (quote_ident(%s) || '.' || quote_ident(%s))::regclass"
+                    " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                    resolved).fetchall()
+                cache[key] = [r[0] for r in rows]
+        return cache[key]
+
+    return columns
+
+
+def _resolve_table(conn: psycopg.Connection[Any], schema: str | None,
+                   table: str) -> tuple[str, str] | None:
+    """``(schema, table)`` of a base table (or partitioned table / matview) as the query
+    names it, resolved through search_path; None for views and unknown names."""
+    name = psql.SQL("quote_ident(%s)") if schema is None else \
+        psql.SQL("quote_ident(%s) || '.' || quote_ident(%s)")
+    args: tuple[str, ...] = (table,) if schema is None else (schema, table)
+    row = conn.execute(
+        psql.SQL("SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
+                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                 " WHERE c.oid = to_regclass({})").format(name), args).fetchone()
+    if row is None or row[2] not in ("r", "p", "m"):
+        return None
+    return str(row[0]), str(row[1])
+
+
+def _prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,
+                    attrs: Sequence[SafeAttribute]) -> SafeAttribute:
+    """The first safe attribute that leads an index (the skipping predicate can use it),
+    else the first one."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
+        " ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " WHERE i.indrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass",
+        (schema, table)).fetchall()
+    indexed = {r[0] for r in rows}
+    return next((a for a in attrs if a.column.column in indexed), attrs[0])

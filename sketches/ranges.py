@@ -1,0 +1,252 @@
+"""Range partitions of one column: the fragments that provenance sketches are made of.
+
+A partition on column ``a`` of table ``T`` is a sorted tuple of distinct bounds
+``b_1 < … < b_n``. Fragment ``0`` holds ``a < b_1``, fragment ``i`` (``1 <= i < n``) holds
+``b_i <= a < b_{i+1}``, fragment ``n`` holds ``a >= b_n``, and fragment ``n + 1`` holds the
+NULLs, so every row of ``T`` falls into exactly one fragment whatever its value.
+
+The fragment id of a value is computed identically
+
+* in SQL: ``coalesce(width_bucket(a, '{b_1,…,b_n}'::<type>[]), n + 1)`` — ``width_bucket``
+  with a thresholds array returns the number of thresholds ``<= a``, i.e. 0 … n;
+* in Python: ``bisect_right(bounds, a)`` (``n + 1`` for ``None``).
+
+Both count the bounds that are ``<=`` the value, under the type's default ordering.
+
+Collation caveat (text columns): ``width_bucket`` and the skipping predicate compare with the
+column's collation, Python compares code points. The two agree for the ``C`` collation (UTF-8
+byte order is code point order), which is what the project's clusters use (``initdb
+--locale=C``). Under a linguistic collation the SQL side is still self-consistent (capture and
+skipping predicate use the same comparison, so results stay exact), but ``fragment_of`` may
+disagree with SQL near bounds. Floating point columns: NaN is ordered last by PostgreSQL and is
+incomparable in Python; avoid partitions on columns holding NaN.
+
+Bounds come from ``pg_stats`` (the equi-depth histogram plus the most common values) after
+``ANALYZE``; when more fragments are wanted than the histogram has, the column's statistics
+target is raised first. The bounds are then thinned evenly to the configured count.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sketches.errors import PartitionError
+
+log = logging.getLogger(__name__)
+
+MAX_STATISTICS_TARGET = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class RangePartition:
+    """A range partition of ``schema.table.column``.
+
+    ``bounds`` are the typed Python values (as psycopg returns them), ``literals`` their
+    PostgreSQL text output (which casts back to exactly the same value), ``array_literal`` the
+    PostgreSQL array literal of all bounds, ``type_name`` the column's type as printed by
+    ``format_type`` (the bounds array is cast to ``type_name[]``). ``id`` is the catalog id
+    (``None`` until persisted); ``version`` increases whenever the partition of this column is
+    rebuilt.
+    """
+
+    schema: str
+    table: str
+    column: str
+    type_name: str
+    bounds: tuple[Any, ...]
+    literals: tuple[str, ...]
+    array_literal: str
+    id: int | None = None
+    version: int = 1
+
+    @property
+    def n(self) -> int:
+        """Number of bounds."""
+        return len(self.bounds)
+
+    @property
+    def null_fragment(self) -> int:
+        """Id of the fragment holding the NULLs (``n + 1``)."""
+        return len(self.bounds) + 1
+
+    @property
+    def fragment_count(self) -> int:
+        """Number of fragments, NULL fragment included (``n + 2``)."""
+        return len(self.bounds) + 2
+
+    def fragment_of(self, value: Any) -> int:
+        """The fragment holding ``value``: ``bisect_right(bounds, value)``, NULL → ``n + 1``."""
+        if value is None:
+            return self.null_fragment
+        return bisect.bisect_right(self.bounds, value)
+
+    def fragment_sql(self, expr: sql.Composable) -> sql.Composable:
+        """``coalesce(width_bucket(expr, bounds::type[]), n + 1)`` as a psycopg composable."""
+        return sql.SQL("coalesce(width_bucket({}, {}::{}[]), {})").format(
+            expr, sql.Literal(self.array_literal), sql.SQL(self.type_name),
+            sql.Literal(self.null_fragment))
+
+    def with_id(self, partition_id: int, version: int) -> RangePartition:
+        """A copy carrying the catalog id and version."""
+        return RangePartition(self.schema, self.table, self.column, self.type_name, self.bounds,
+                              self.literals, self.array_literal, partition_id, version)
+
+    def runs(self, fragments: Iterable[int]) -> list[tuple[int, int]]:
+        """Maximal runs ``(first, last)`` of adjacent non-NULL fragment ids, ascending."""
+        ids = sorted(f for f in set(fragments) if 0 <= f <= self.n)
+        out: list[tuple[int, int]] = []
+        for f in ids:
+            if out and out[-1][1] == f - 1:
+                out[-1] = (out[-1][0], f)
+            else:
+                out.append((f, f))
+        return out
+
+    def run_bounds(self, first: int, last: int) -> tuple[str | None, str | None]:
+        """Literals ``(lo, hi)`` such that fragments ``first..last`` are ``lo <= a < hi``;
+        ``None`` for an open end."""
+        lo = self.literals[first - 1] if first > 0 else None
+        hi = self.literals[last] if last < self.n else None
+        return lo, hi
+
+    def covers_all(self, fragments: Iterable[int], nullable: bool = True) -> bool:
+        """True when ``fragments`` include every non-NULL fragment (and the NULL one if the
+        column can hold NULLs): skipping would then read everything anyway."""
+        have = set(fragments)
+        if not all(f in have for f in range(self.n + 1)):
+            return False
+        return not nullable or self.null_fragment in have
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnInfo:
+    """Catalog facts about one column."""
+
+    schema: str
+    table: str
+    column: str
+    type_name: str
+    not_null: bool
+    stats_target: int
+
+
+def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
+                column: str) -> ColumnInfo:
+    """Type and statistics target of ``schema.table.column``; raises PartitionError if absent."""
+    row = conn.execute(
+        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget"
+        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s"
+        " AND a.attnum > 0 AND NOT a.attisdropped",
+        (schema, table, column)).fetchone()
+    if row is None:
+        raise PartitionError(f"no column {schema}.{table}.{column}")
+    return ColumnInfo(schema, table, column, str(row[0]), bool(row[1]), int(row[2]))
+
+
+def thin(values: Sequence[Any], count: int) -> list[Any]:
+    """At most ``count`` values picked evenly from the sorted, distinct ``values``."""
+    if count <= 0:
+        return []
+    if len(values) <= count:
+        return list(values)
+    step = len(values) / count
+    picked = [values[min(len(values) - 1, int(i * step))] for i in range(count)]
+    out: list[Any] = []
+    for v in picked:
+        if not out or out[-1] != v:
+            out.append(v)
+    return out
+
+
+def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
+    """Histogram bounds and most common values of the column, typed, NULL-free."""
+    typed = sql.SQL(info.type_name)
+    row = conn.execute(
+        sql.SQL("SELECT histogram_bounds::text::{t}[], most_common_vals::text::{t}[]"
+                " FROM pg_stats WHERE schemaname = %s AND tablename = %s AND attname = %s"
+                ).format(t=typed),
+        (info.schema, info.table, info.column)).fetchone()
+    if row is None:
+        return []
+    values = [v for part in row if part is not None for v in part if v is not None]
+    return values
+
+
+def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> None:
+    """Raises the column's statistics target to ``wanted`` (if lower) and runs ANALYZE.
+
+    Only when the current role owns the table (else the existing statistics are used). No
+    savepoint is used on purpose: a subtransaction would get an xid of its own, which
+    ``sketches.freshness`` could not attribute to the manager."""
+    owner = conn.execute(
+        "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s", (info.schema, info.table)).fetchone()
+    if owner is None or not owner[0]:
+        log.info("not the owner of %s.%s: using its existing statistics", info.schema,
+                 info.table)
+        return
+    target = min(MAX_STATISTICS_TARGET, max(wanted, 100))
+    ident = sql.Identifier(info.schema, info.table)
+    col = sql.Identifier(info.column)
+    current = info.stats_target if info.stats_target >= 0 else 100
+    if current < target:
+        log.info("raising statistics target of %s.%s.%s to %d",
+                 info.schema, info.table, info.column, target)
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STATISTICS {}").format(
+            ident, col, sql.Literal(target)))
+    conn.execute(sql.SQL("ANALYZE {} ({})").format(ident, col))
+
+
+def _typed_bounds(conn: psycopg.Connection[Any], info: ColumnInfo,
+                  values: list[Any]) -> tuple[tuple[Any, ...], tuple[str, ...], str]:
+    """Round-trips the bounds through PostgreSQL: typed values, text literals, array literal."""
+    row = conn.execute(
+        sql.SQL("SELECT b, array(SELECT x::text FROM unnest(b) AS x), b::text"
+                " FROM (SELECT %s::{}[] AS b) AS s").format(sql.SQL(info.type_name)),
+        (values,)).fetchone()
+    assert row is not None
+    return tuple(row[0]), tuple(row[1]), str(row[2])
+
+
+def build_partition(conn: psycopg.Connection[Any], schema: str, table: str, column: str,
+                    fragments: int = 1000) -> RangePartition:
+    """Builds a partition of at most ``fragments`` non-NULL fragments from ``pg_stats``.
+
+    Runs ``ANALYZE`` on the column (after raising its statistics target when needed), so the
+    caller must own the table. Falls back to exact quantiles (``percentile_disc``) when the
+    statistics hold no values (e.g. a table too small for a histogram).
+    """
+    if fragments < 1:
+        raise PartitionError("a partition needs at least one fragment")
+    info = column_info(conn, schema, table, column)
+    wanted = fragments - 1  # n bounds make n + 1 non-NULL fragments
+    _ensure_statistics(conn, info, wanted + 1)
+    values = sorted(set(_stats_values(conn, info)))
+    if not values and wanted > 0:
+        values = _exact_quantiles(conn, info, wanted)
+    bounds, literals, array_literal = _typed_bounds(conn, info, thin(values, wanted))
+    if list(bounds) != sorted(set(bounds)):
+        raise PartitionError(f"bounds of {schema}.{table}.{column} are not strictly increasing")
+    log.debug("partition %s.%s.%s: %d bounds", schema, table, column, len(bounds))
+    return RangePartition(schema, table, column, info.type_name, bounds, literals, array_literal)
+
+
+def _exact_quantiles(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> list[Any]:
+    fractions = [i / (wanted + 1) for i in range(1, wanted + 1)]
+    row = conn.execute(
+        sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {}) FROM {}").format(
+            sql.Identifier(info.column), sql.Identifier(info.schema, info.table)),
+        (fractions,)).fetchone()
+    if row is None or row[0] is None:
+        return []
+    return sorted({v for v in row[0] if v is not None})

@@ -1,0 +1,196 @@
+"""AST rewrites: the skipping predicate (sketch use) and the capture query.
+
+Both start from a fresh parse of the client's SQL, so the client's text (parameters ``$n``
+included) is preserved everywhere except where a node is added.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pglast import ast
+from pglast.enums import A_Expr_Kind, BoolExprType, LimitOption, NullTestType
+
+from sketches.errors import InstrumentationError
+from sketches.sql.model import QueryAnalysis
+from sketches.sql.parse import parse_select, print_checked, scopes, to_sql
+
+FRAGMENT_COLUMN = "__imp_f"
+CAPTURE_CTE = "__imp_r"
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """``lo <= a < hi`` with PostgreSQL literals; ``None`` is an open end."""
+
+    lo: str | None
+    hi: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SkipFilter:
+    """Keep only rows of the table ``alias`` (in SELECT ``scope``) whose ``column`` lies in one
+    of ``ranges`` or, if ``include_null``, is NULL."""
+
+    scope: int
+    alias: str
+    column: str
+    type_name: str
+    ranges: tuple[Range, ...]
+    include_null: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentTarget:
+    """Compute the fragment id of ``alias.column`` (in SELECT ``scope``) against the bounds
+    ``array_literal::type_name[]``; NULL → ``null_fragment``. ``grouped`` says the column is a
+    GROUP BY column of the top-level SELECT (else, in an aggregate query, it is wrapped in
+    ``min()`` — it is constant per group because it is ≡ a group-by column)."""
+
+    scope: int
+    alias: str
+    column: str
+    type_name: str
+    array_literal: str
+    null_fragment: int
+    grouped: bool
+
+
+@functools.lru_cache(maxsize=256)
+def _type_name(type_name: str, array: bool) -> ast.TypeName:
+    # The type name comes from format_type() in the catalog, never from a client.
+    cast = parse_select("SELECT NULL::" + type_name + ("[]" if array else ""))
+    node = cast.targetList[0].val
+    if not isinstance(node, ast.TypeCast):
+        raise InstrumentationError(f"cannot build type {type_name}")
+    return node.typeName
+
+
+def _column(alias: str, column: str) -> ast.ColumnRef:
+    return ast.ColumnRef(fields=(ast.String(sval=alias), ast.String(sval=column)))
+
+
+def _literal(text: str, type_name: str) -> ast.TypeCast:
+    return ast.TypeCast(arg=ast.A_Const(isnull=False, val=ast.String(sval=text)),
+                        typeName=copy.deepcopy(_type_name(type_name, False)))
+
+
+def _compare(op: str, left: ast.Node, right: ast.Node) -> ast.A_Expr:
+    return ast.A_Expr(kind=A_Expr_Kind.AEXPR_OP, name=(ast.String(sval=op),), lexpr=left,
+                      rexpr=right)
+
+
+def _bool(op: BoolExprType, args: Sequence[ast.Node]) -> ast.Node:
+    return args[0] if len(args) == 1 else ast.BoolExpr(boolop=op, args=tuple(args))
+
+
+def skip_predicate(f: SkipFilter) -> ast.Node:
+    """``(a >= lo AND a < hi) OR … OR a IS NULL`` (``FALSE`` for an empty sketch)."""
+    disjuncts: list[ast.Node] = []
+    for r in f.ranges:
+        parts: list[ast.Node] = []
+        if r.lo is not None:
+            parts.append(_compare(">=", _column(f.alias, f.column), _literal(r.lo, f.type_name)))
+        if r.hi is not None:
+            parts.append(_compare("<", _column(f.alias, f.column), _literal(r.hi, f.type_name)))
+        if not parts:
+            parts.append(ast.NullTest(arg=_column(f.alias, f.column),
+                                      nulltesttype=NullTestType.IS_NOT_NULL, argisrow=False))
+        disjuncts.append(_bool(BoolExprType.AND_EXPR, parts))
+    if f.include_null:
+        disjuncts.append(ast.NullTest(arg=_column(f.alias, f.column),
+                                      nulltesttype=NullTestType.IS_NULL, argisrow=False))
+    if not disjuncts:
+        return ast.A_Const(isnull=False, val=ast.Boolean(boolval=False))
+    return _bool(BoolExprType.OR_EXPR, disjuncts)
+
+
+def _and_into_where(select: ast.SelectStmt, predicate: ast.Node) -> None:
+    old = select.whereClause
+    if old is None:
+        select.whereClause = predicate
+    elif isinstance(old, ast.BoolExpr) and old.boolop == BoolExprType.AND_EXPR:
+        select.whereClause = ast.BoolExpr(boolop=BoolExprType.AND_EXPR,
+                                          args=(*old.args, predicate))
+    else:
+        select.whereClause = ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=(old, predicate))
+
+
+def add_skip_filters(sql: str, filters: Sequence[SkipFilter]) -> str:
+    """``sql`` with each filter's predicate AND-ed into the WHERE of the SELECT that lists the
+    table; printed and checked by the re-parse safety belt."""
+    stmt = parse_select(sql)
+    selects = scopes(stmt)
+    for f in filters:
+        if not 0 <= f.scope < len(selects):
+            raise InstrumentationError(f"scope {f.scope} not found in the query")
+        _and_into_where(selects[f.scope], skip_predicate(f))
+    return print_checked(stmt)
+
+
+def fragment_expression(t: FragmentTarget, column: ast.Node | None = None) -> ast.Node:
+    """``coalesce(width_bucket(alias.column, 'bounds'::type[]), null_fragment)``."""
+    bounds = ast.TypeCast(arg=ast.A_Const(isnull=False, val=ast.String(sval=t.array_literal)),
+                          typeName=copy.deepcopy(_type_name(t.type_name, True)))
+    call = ast.FuncCall(funcname=(ast.String(sval="width_bucket"),),
+                        args=(column or _column(t.alias, t.column), bounds))
+    return ast.CoalesceExpr(args=(call, ast.A_Const(isnull=False,
+                                                    val=ast.Integer(ival=t.null_fragment))))
+
+
+def _target(name: str, value: ast.Node) -> ast.ResTarget:
+    return ast.ResTarget(name=name, val=value)
+
+
+def capture_statement(sql: str, analysis: QueryAnalysis,
+                      targets: Sequence[FragmentTarget]) -> str:
+    """The pushed-down capture query: one row ``(pg_current_snapshot()::text, int[] per
+    target)`` — the sorted fragment ids of the rows that contribute to the query's result.
+
+    The client's query is kept as it is (so ORDER BY aliases, positions and ``$n`` still work)
+    with one extra output per target (its fragment id, computed in the SELECT that lists the
+    table and passed up through FROM subqueries); ``LIMIT k`` becomes ``FETCH FIRST k ROWS
+    WITH TIES`` so every row tied with the k-th one counts (see ``sketches.safety``). The
+    outer query aggregates the ids of the materialised result inside PostgreSQL.
+    """
+    stmt = parse_select(sql)
+    selects = scopes(stmt)
+    for i, t in enumerate(targets):
+        name = f"{FRAGMENT_COLUMN}{i}"
+        scope = t.scope
+        node: ast.Node = fragment_expression(t)
+        while scope != 0:
+            select = selects[scope]
+            select.targetList = (*select.targetList, _target(name, node))
+            parent = analysis.scopes[scope]
+            assert parent.parent is not None and parent.alias is not None
+            node = _column(parent.alias, name)
+            scope = parent.parent
+        if analysis.is_aggregate and not (t.scope == 0 and t.grouped):
+            node = ast.FuncCall(funcname=(ast.String(sval="min"),), args=(node,))
+        stmt.targetList = (*stmt.targetList, _target(name, node))
+    if stmt.limitCount is not None:
+        if not stmt.sortClause:
+            raise InstrumentationError("LIMIT without ORDER BY cannot be captured")
+        stmt.limitOption = LimitOption.LIMIT_OPTION_WITH_TIES
+    outer = parse_select(_outer_template(len(targets)))
+    outer.withClause.ctes[0].ctequery = stmt
+    return print_checked(outer)
+
+
+def _outer_template(count: int) -> str:
+    # Only this module's own identifiers go into the text; no client value does.
+    parts = ["SELECT pg_catalog.pg_current_snapshot()::text"]
+    for i in range(count):
+        col = f"{FRAGMENT_COLUMN}{i}"
+        parts.append(f", (SELECT coalesce(array_agg(DISTINCT {col} ORDER BY {col}),"
+                     f" '{{}}'::int[]) FROM {CAPTURE_CTE})")
+    return f"WITH {CAPTURE_CTE} AS MATERIALIZED (SELECT 1) " + "".join(parts)
+
+
+def expression_sql(node: ast.Node) -> str:
+    """Printed form of an expression node (re-exported for callers outside sketches.sql)."""
+    return to_sql(node)

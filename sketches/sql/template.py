@@ -1,0 +1,159 @@
+"""Templates: when may a sketch captured for one query answer another query of its template?
+
+Two queries share a template when their pglast fingerprints are equal (constants and
+parameters abstracted away). A sketch captured for Q1 may be used for Q2 when Q2's
+provenance is contained in the rows the sketch covers and Q2 has the same safe attributes.
+We accept exactly these provable cases (everything else: capture anew):
+
+* Q2 equals Q1 after substituting parameter values (same constants everywhere): same result,
+  same provenance.
+* Q1 and Q2 differ only in the constants of HAVING conjuncts of the form ``expr op c``
+  (``op`` one of ``> >= < <=``, ``expr`` the same), each one at least as strict in Q2
+  (``c2 >= c1`` for ``>``/``>=``, ``c2 <= c1`` for ``<``/``<=``), and the query has no LIMIT:
+  every group of Q2's result passes Q1's HAVING on the *same* value of ``expr``, so it is in
+  Q1's result; Q1's sketch covers its rows; the safe attribute (a group-by column) is the
+  same, so the sketch is a safe over-approximation for Q2.
+* Q1 and Q2 differ only in ``LIMIT`` with ``k2 <= k1``: Q1's sketch covers every row ordered
+  at or before Q1's k1-th row (ties included, see ``sketches.safety``), which contains every
+  row at or before Q2's k2-th row. HAVING constants must then be equal: a stricter HAVING can
+  remove groups from the top k1 and promote groups that Q1's sketch does not cover.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from pglast import ast
+from pglast.enums import A_Expr_Kind, BoolExprType
+
+from sketches.sql.parse import fingerprint, parse_select, same_tree
+
+_MARK = "__imp_marker"
+_FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """A HAVING conjunct ``expr op value`` (normalised so ``expr`` is on the left)."""
+
+    op: str
+    value: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateInstance:
+    """A query reduced to its template skeleton plus the values that may vary safely."""
+
+    fingerprint: str
+    skeleton: ast.SelectStmt
+    thresholds: tuple[Threshold, ...]
+    limit: int | None
+
+
+def _number(node: object, params: Sequence[object] | None) -> Decimal | None:
+    if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Integer):
+        return Decimal(node.val.ival)
+    if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Float):
+        return Decimal(node.val.fval)
+    if isinstance(node, ast.ParamRef) and params is not None and node.number <= len(params):
+        value = params[node.number - 1]
+        if isinstance(value, bool) or value is None:
+            return None
+        try:
+            return Decimal(str(value))
+        except InvalidOperation:
+            return None
+    return None
+
+
+def _marker() -> ast.A_Const:
+    return ast.A_Const(isnull=False, val=ast.String(sval=_MARK))
+
+
+def _substitute_params(node: object, params: Sequence[object] | None) -> object:
+    """Replaces ``$n`` by a string constant of its value (for comparing skeletons only)."""
+    if isinstance(node, tuple):
+        return tuple(_substitute_params(n, params) for n in node)
+    if isinstance(node, ast.ParamRef):
+        if params is None or node.number > len(params):
+            return node
+        value = params[node.number - 1]
+        if value is None:
+            return ast.A_Const(isnull=True)
+        return ast.A_Const(isnull=False, val=ast.String(sval=f"$param:{value!s}"))
+    if isinstance(node, ast.Node):
+        for attr in node:
+            value = getattr(node, attr)
+            if isinstance(value, (ast.Node, tuple)):
+                setattr(node, attr, _substitute_params(value, params))
+    return node
+
+
+def _conjuncts(node: ast.Node | None) -> list[ast.Node]:
+    if node is None:
+        return []
+    if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
+        return [c for a in node.args for c in _conjuncts(a)]
+    return [node]
+
+
+def _threshold(conj: ast.Node, params: Sequence[object] | None) -> Threshold | None:
+    """Extracts ``expr op constant`` and replaces the constant by a marker (in place)."""
+    if not (isinstance(conj, ast.A_Expr) and conj.kind == A_Expr_Kind.AEXPR_OP
+            and len(conj.name) == 1 and conj.name[0].sval in _FLIP):
+        return None
+    op = conj.name[0].sval
+    right = _number(conj.rexpr, params)
+    left = _number(conj.lexpr, params)
+    if right is not None and left is None:
+        conj.rexpr = _marker()
+        return Threshold(op, right)
+    if left is not None and right is None:
+        conj.lexpr = _marker()
+        return Threshold(_FLIP[op], left)
+    return None
+
+
+def instance(sql: str, params: Sequence[object] | None = None) -> TemplateInstance:
+    """The template instance of ``sql`` with ``params``."""
+    stmt = copy.deepcopy(parse_select(sql))
+    thresholds: list[Threshold] = []
+    for conj in _conjuncts(stmt.havingClause):
+        t = _threshold(conj, params)
+        if t is not None:
+            thresholds.append(t)
+    limit = None
+    value = _number(stmt.limitCount, params) if stmt.limitCount is not None else None
+    if value is not None and value == value.to_integral_value():
+        limit = int(value)
+        stmt.limitCount = _marker()
+    _substitute_params(stmt, params)
+    return TemplateInstance(fingerprint(sql), stmt, tuple(thresholds), limit)
+
+
+def _stricter(new: Threshold, old: Threshold) -> bool:
+    if new.op != old.op:
+        return False
+    if new.op in (">", ">="):
+        return new.value >= old.value
+    return new.value <= old.value
+
+
+def reusable(captured: TemplateInstance, new: TemplateInstance) -> bool:
+    """True when a sketch captured for ``captured`` is provably safe and sufficient for
+    ``new`` (see the module docstring)."""
+    if captured.fingerprint != new.fingerprint:
+        return False
+    if len(captured.thresholds) != len(new.thresholds):
+        return False
+    if (captured.limit is None) != (new.limit is None):
+        return False
+    if not same_tree(captured.skeleton, new.skeleton):
+        return False
+    if captured.limit is not None and new.limit is not None:
+        return new.limit <= captured.limit and captured.thresholds == new.thresholds
+    return all(_stricter(n, o) for n, o in zip(new.thresholds, captured.thresholds,
+                                                strict=True))
