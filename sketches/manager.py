@@ -227,6 +227,10 @@ class SketchManager:
         for entry in list(tmpl.entries):
             if not reusable(entry.instance, inst):
                 continue
+            same = (entry.instance.thresholds, entry.instance.limit) == \
+                (inst.thresholds, inst.limit)
+            if not same and not self._useful(entry.sketch):
+                continue  # a broad sketch of a looser query: a fresh capture may skip more
             refreshed = self.maintenance.refresh(conn, entry.sketch, request)
             if refreshed is None:
                 self._forget(conn, tmpl, entry)
@@ -246,6 +250,11 @@ class SketchManager:
         tmpl.entries.insert(0, entry)
         self._count("captures")
         return self._finish("capture", sql, sketch)
+
+    def _useful(self, sketch: Sketch) -> bool:
+        """Would the sketch be used for instrumentation at all?"""
+        return not sketch.covers_all and \
+            max(p.coverage for p in sketch.parts) <= self.settings.max_coverage
 
     def _finish(self, decision: str, sql: str, sketch: Sketch) -> Prepared:
         worst = max(p.coverage for p in sketch.parts)
@@ -311,7 +320,7 @@ class SketchManager:
             partition = build_partition(conn, schema, table, column, self.settings.fragments)
             if self.settings.persist:
                 partition = catalog.save_partition(conn, partition)
-                self._remember_own_xid(conn)
+            self._remember_own_xid(conn)  # ANALYZE / ALTER … SET STATISTICS ran here
         with self._lock:
             self._partitions[key] = (partition, nullable)
         return partition, nullable

@@ -1,0 +1,56 @@
+"""The imp catalog: idempotent install, partitions and sketches round-trip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import pg_extensions
+from sketches import catalog
+from sketches.ranges import build_partition
+from sketches.sketch import Sketch, SketchPart
+from sketches.sql import TableRef
+
+
+def test_install_is_idempotent(conn: psycopg.Connection[Any]) -> None:
+    catalog.ensure_installed(conn)
+    catalog.ensure_installed(conn)
+    assert pg_extensions.install(conn) == []
+    tables = {r[0] for r in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'imp'").fetchall()}
+    assert {"range_partitions", "sketches", "sketch_fragments"} <= tables
+
+
+def test_partition_and_sketch_roundtrip(conn: psycopg.Connection[Any]) -> None:
+    catalog.ensure_installed(conn)
+    conn.execute("CREATE TABLE cat_t (d date)")
+    conn.execute("INSERT INTO cat_t SELECT date '2020-01-01' + i FROM generate_series(0, 999) i")
+    p = catalog.save_partition(conn, build_partition(conn, "public", "cat_t", "d", 20))
+    assert p.id is not None and p.version == 1
+    again = catalog.save_partition(conn, p)
+    assert again.version == 2
+    loaded = catalog.latest_partition(conn, "public", "cat_t", "d")
+    assert loaded is not None and loaded.version == 2
+    assert loaded.bounds == p.bounds and loaded.literals == p.literals
+    assert loaded.array_literal == p.array_literal and loaded.type_name == "date"
+
+    version = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert version is not None
+    part = SketchPart(TableRef(0, None, "cat_t", "c", 0), "public", "d", again,
+                      frozenset({1, 5, 6}))
+    sketch = Sketch(None, "tmpl", "SELECT d FROM cat_t c GROUP BY d", (3, None), (part,),
+                    version[0])
+    sid = catalog.save_sketch(conn, sketch)
+    stored = catalog.load_sketches(conn, "tmpl")
+    assert [s.id for s in stored] == [sid]
+    s = stored[0]
+    assert s.aliases == ("c",) and s.columns == ("d",) and s.fragments == (part.fragments,)
+    assert s.params == ("3", None) and s.version == version[0]
+    assert s.partitions[0].bounds == again.bounds
+    catalog.update_counters(conn, sid, 4, 1)
+    assert catalog.load_sketches(conn, "tmpl")[0].uses == 4
+    catalog.invalidate(conn, sid)
+    assert catalog.load_sketches(conn, "tmpl") == []
+    assert catalog.delete_sketch(conn, sid)
+    assert not catalog.delete_sketch(conn, sid)

@@ -1,0 +1,105 @@
+"""Instrumentation: predicate shape, placement, parameters, safety belt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from pglast import parse_sql
+
+from sketches.errors import InstrumentationError
+from sketches.instrument import instrument, skip_filter
+from sketches.ranges import RangePartition
+from sketches.sketch import SketchPart
+from sketches.sql import TableRef
+from sketches.sql.parse import print_checked, same_tree
+from sketches.sql.rewrite import SkipFilter, add_skip_filters
+
+P = RangePartition("public", "t", "a", "integer", (10, 20, 30, 40), ("10", "20", "30", "40"),
+                   "{10,20,30,40}")
+T = TableRef(0, None, "t", "t", 0)
+
+
+def part(fragments: set[int], table: TableRef = T, nullable: bool = True) -> SketchPart:
+    return SketchPart(table, "public", "a", P, frozenset(fragments), nullable)
+
+
+def test_adjacent_fragments_merge_into_half_open_ranges() -> None:
+    text = instrument("SELECT a FROM t", [part({0, 1, 3})])
+    assert text == ("SELECT a FROM t WHERE t.a < CAST('20' AS integer)"
+                    " OR (t.a >= CAST('30' AS integer) AND t.a < CAST('40' AS integer))")
+
+
+def test_open_upper_end_and_null_fragment() -> None:
+    text = instrument("SELECT a FROM t WHERE b = 1", [part({4, 5})])
+    assert text == ("SELECT a FROM t WHERE b = 1 AND (t.a >= CAST('40' AS integer)"
+                    " OR t.a IS NULL)")
+
+
+def test_empty_sketch_reads_nothing() -> None:
+    assert instrument("SELECT a FROM t", [part(set())]) == "SELECT a FROM t WHERE FALSE"
+
+
+def test_full_coverage_is_not_instrumented() -> None:
+    assert instrument("SELECT a FROM t", [part({0, 1, 2, 3, 4, 5})]) is None
+    assert instrument("SELECT a FROM t", [part({0, 1, 2, 3, 4}, nullable=False)]) is None
+    assert instrument("SELECT a FROM t", [part({0, 1, 2, 3, 4})]) is not None
+
+
+def test_predicate_goes_into_the_scope_of_the_table_with_its_alias() -> None:
+    inner = TableRef(0, None, "t", "x", 1)
+    text = instrument("SELECT q.a, count(*) FROM (SELECT x.a FROM t x WHERE x.b > $1) q"
+                      " GROUP BY q.a HAVING count(*) > $2", [part({2}, inner)])
+    assert text == ("SELECT q.a, count(*) FROM (SELECT x.a FROM t AS x WHERE x.b > $1"
+                    " AND (x.a >= CAST('20' AS integer) AND x.a < CAST('30' AS integer))) AS q"
+                    " GROUP BY q.a HAVING count(*) > $2")
+
+
+def test_existing_or_condition_is_kept_intact() -> None:
+    text = instrument("SELECT a FROM t WHERE b = 1 OR c = 2", [part({1})])
+    assert text is not None
+    assert text.startswith("SELECT a FROM t WHERE (b = 1 OR c = 2) AND ")
+
+
+def test_parameters_keep_working(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE t (a int, b int)")
+    conn.execute("INSERT INTO t SELECT i, i % 3 FROM generate_series(0, 50) i")
+    text = instrument("SELECT a FROM t WHERE b = $1 ORDER BY a LIMIT $2", [part({2})])
+    assert text is not None
+    with psycopg.RawCursor(conn) as cur:
+        cur.execute(text, [1, 3])
+        assert cur.fetchall() == [(22,), (25,), (28,)]
+
+
+def test_text_literals_are_quoted() -> None:
+    p = RangePartition("public", "t", "s", "text", ("it's", "z"), ("it's", "z"),
+                       '{"it\'s",z}')
+    f = skip_filter(SketchPart(T, "public", "s", p, frozenset({1})))
+    assert f.ranges[0].lo == "it's"
+    text = add_skip_filters("SELECT s FROM t", [f])
+    assert "CAST('it''s' AS text)" in text
+
+
+def test_safety_belt_rejects_trees_that_do_not_roundtrip() -> None:
+    stmt = parse_sql("SELECT a FROM t WHERE b = 1")[0].stmt
+    assert print_checked(stmt) == "SELECT a FROM t WHERE b = 1"
+    stmt.whereClause = parse_sql("SELECT (1 + 2) * 3")[0].stmt.targetList[0].val
+    stmt.whereClause.lexpr.rexpr.val.ival = 2  # still prints and reparses identically
+    print_checked(stmt)
+    bogus = parse_sql("SELECT a FROM t")[0].stmt
+    bogus.whereClause = parse_sql("SELECT 1")[0].stmt  # a statement where an expr belongs
+    with pytest.raises(InstrumentationError):
+        print_checked(bogus)
+
+
+def test_unknown_scope_raises() -> None:
+    with pytest.raises(InstrumentationError):
+        add_skip_filters("SELECT a FROM t", [SkipFilter(3, "t", "a", "integer", (), False)])
+
+
+def test_same_tree_treats_unset_defaults_alike() -> None:
+    a = parse_sql("SELECT 1 FROM t")[0].stmt
+    b = parse_sql("SELECT  1  FROM  t")[0].stmt
+    assert same_tree(a, b)
+    assert not same_tree(a, parse_sql("SELECT 2 FROM t")[0].stmt)

@@ -1,0 +1,174 @@
+"""SketchManager: the proxy's facade, end to end in a client snapshot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from sketches import catalog
+from sketches.manager import (
+    MaintenanceRequest,
+    Prepared,
+    SketchManager,
+    SketchSettings,
+)
+from sketches.sketch import Sketch
+
+HAVING = "SELECT g, count(*) AS c FROM mt WHERE v >= 0 GROUP BY g HAVING count(*) > $1"
+
+
+@pytest.fixture(scope="module")
+def data(db_dsn: str) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # no autovacuum: its ANALYZE commits would count as changes (sketches.freshness)
+        catalog.ensure_installed(conn)
+        conn.execute("CREATE TABLE mt WITH (autovacuum_enabled = false) AS SELECT i AS id,"
+                     " i % 200 AS g, (i * 37) % 101 AS v FROM generate_series(1, 20000) i")
+        conn.execute("INSERT INTO mt SELECT 100000 + i, 7, 1 FROM generate_series(1, 500) i")
+        conn.execute("CREATE INDEX ON mt (g)")
+        conn.execute("CREATE TABLE md WITH (autovacuum_enabled = false) AS SELECT i AS k,"
+                     " i % 4 AS cat FROM generate_series(0, 199) i")
+    return db_dsn
+
+
+@pytest.fixture
+def svc(data: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(data, autocommit=True) as c:
+        yield c
+
+
+def prepare(m: SketchManager, svc: psycopg.Connection[Any], sql: str,
+            params: list[Any] | None = None) -> Prepared:
+    svc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        return m.prepare(svc, sql, params)
+    finally:
+        svc.execute("COMMIT")
+
+
+def rows(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None) -> Counter[Any]:
+    with psycopg.RawCursor(conn) as cur:
+        cur.execute(sql, params)
+        return Counter(cur.fetchall())
+
+
+def test_capture_then_use_then_recapture_after_a_write(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=100))
+    first = prepare(m, svc, HAVING, [120])
+    assert first.decision == "capture" and first.instrumented_sql is not None
+    assert rows(svc, first.instrumented_sql, [120]) == rows(svc, HAVING, [120])
+    stricter = prepare(m, svc, HAVING, [300])
+    assert stricter.decision == "use" and stricter.sketch_id == first.sketch_id
+    assert stricter.instrumented_sql is not None
+    assert rows(svc, stricter.instrumented_sql, [300]) == rows(svc, HAVING, [300])
+    looser = prepare(m, svc, HAVING, [50])
+    assert looser.decision == "capture"
+    svc.execute("INSERT INTO mt VALUES (999999, 11, 5)")
+    after = prepare(m, svc, HAVING, [300])
+    assert after.decision == "capture"
+    stats = m.stats()
+    assert stats["captures"] == 3 and stats["uses"] == 1 and stats["invalidated"] >= 1
+    svc.execute("DELETE FROM mt WHERE id = 999999")
+
+
+def test_group_7_is_found_by_the_sketch(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=100, persist=False))
+    p = prepare(m, svc, HAVING, [200])
+    assert p.instrumented_sql is not None and p.sketch_id is not None
+    sketch = m.get(p.sketch_id)
+    assert sketch is not None and sketch.parts[0].column == "g"
+    assert len(sketch.parts[0].fragments) == 1
+    assert rows(svc, p.instrumented_sql, [200]) == Counter([(7, 600)])
+
+
+def test_join_top_k_instrumented_equals_original(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=50, persist=False))
+    sql = ("SELECT g, sum(v) AS s FROM mt, md WHERE g = k AND cat = 3 GROUP BY g"
+           " ORDER BY s DESC, g LIMIT 3")
+    assert m.classify(sql).candidate
+    p = prepare(m, svc, sql)
+    assert p.decision == "capture" and p.instrumented_sql is not None
+    sketch = m.get(p.sketch_id or 0)
+    assert sketch is not None and {x.table.alias for x in sketch.parts} == {"mt", "md"}
+    with psycopg.RawCursor(svc) as cur:
+        assert cur.execute(sql).fetchall() == cur.execute(p.instrumented_sql).fetchall()
+
+
+def test_classify_is_cached_and_explains(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(classify_cache_size=2))
+    assert m.classify("SELECT count(*) FROM mt").reason == "scalar aggregate without GROUP BY"
+    assert m.classify("SELECT count(*) FROM mt").template is not None
+    assert m.stats()["classify_hits"] == 1
+    assert m.classify("SELECT 1 FROM mt a LEFT JOIN mt b ON true").reason == \
+        "unsupported: outer join"
+    m.classify("SELECT g FROM mt ORDER BY g LIMIT 1")
+    assert m.stats()["classify_cache"] == 2
+    assert m.prepare(svc, "SELECT count(*) FROM mt").decision == "passthrough"
+
+
+def test_capture_after_n_executions_and_disabled(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=50, capture_after=3, persist=False))
+    decisions = [prepare(m, svc, HAVING, [300]).decision for _ in range(4)]
+    assert decisions == ["passthrough", "passthrough", "capture", "use"]
+    off = SketchManager(SketchSettings(enabled=False))
+    assert prepare(off, svc, HAVING, [300]).decision == "passthrough"
+
+
+def test_large_coverage_is_not_instrumented(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=20, persist=False, max_coverage=0.5))
+    p = prepare(m, svc, HAVING, [0])  # every group qualifies
+    assert p.decision == "capture" and p.instrumented_sql is None
+    assert "of the fragments" in p.reason
+    q = prepare(m, svc, HAVING, [300])  # only group 7
+    assert q.decision == "capture" and q.instrumented_sql is not None
+
+
+def test_admin_listing_and_drop(svc: psycopg.Connection[Any]) -> None:
+    m = SketchManager(SketchSettings(fragments=100))
+    m.drop_all(svc)  # sketches persisted by earlier tests of this module
+    p = prepare(m, svc, HAVING, [250])
+    listed = m.sketches()
+    assert [r["id"] for r in listed] == [p.sketch_id]
+    assert listed[0]["attributes"] == ["g"] and listed[0]["uses"] == 1
+    m.flush_counters(svc)
+    assert p.sketch_id is not None and m.drop(svc, p.sketch_id)
+    assert m.sketches() == []
+    prepare(m, svc, HAVING, [250])
+    assert m.drop_all(svc) >= 1
+
+
+def test_persisted_sketch_is_loaded_by_a_new_manager(svc: psycopg.Connection[Any]) -> None:
+    class TrustAll:
+        name = "trust-all-for-test"
+
+        def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
+                    request: MaintenanceRequest) -> Sketch | None:
+            return sketch
+
+    first = SketchManager(SketchSettings(fragments=100))
+    p = prepare(first, svc, HAVING, [260])
+    second = SketchManager(SketchSettings(fragments=100), maintenance=TrustAll())
+    q = prepare(second, svc, HAVING, [260])
+    assert q.decision == "use" and q.sketch_id == p.sketch_id
+    assert q.instrumented_sql == p.instrumented_sql
+
+
+def test_maintenance_hook_result_is_used(svc: psycopg.Connection[Any]) -> None:
+    calls: list[int] = []
+
+    class Recorder:
+        name = "recorder"
+
+        def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
+                    request: MaintenanceRequest) -> Sketch | None:
+            calls.append(len(request.analysis.tables))
+            return None  # cannot maintain: the manager must recapture
+
+    m = SketchManager(SketchSettings(fragments=100, persist=False), maintenance=Recorder())
+    assert prepare(m, svc, HAVING, [300]).decision == "capture"
+    assert prepare(m, svc, HAVING, [300]).decision == "capture"
+    assert calls == [1]

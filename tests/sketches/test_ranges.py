@@ -1,0 +1,206 @@
+"""Range partitions: SQL width_bucket and Python bisect agree on every value and type."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from sketches.errors import PartitionError
+from sketches.ranges import RangePartition, build_partition, thin
+
+FAST = settings(max_examples=40, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+TYPES: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
+    "int": ("integer", st.integers(-1000, 1000)),
+    "big": ("bigint", st.integers(-(2**40), 2**40)),
+    "num": ("numeric(10,3)", st.decimals(min_value=-10000, max_value=10000, places=3,
+                                        allow_nan=False, allow_infinity=False)),
+    "txt": ("text", st.text(alphabet="aAbBz09 éü_-", max_size=5)),
+    "vc": ("character varying(8)", st.text(alphabet="abcXYZé", max_size=8)),
+    "dt": ("date", st.dates(min_value=date(1990, 1, 1), max_value=date(2030, 1, 1))),
+    "tsp": ("timestamp", st.datetimes(min_value=datetime(2000, 1, 1),
+                                      max_value=datetime(2030, 1, 1))),
+    "tz": ("timestamptz", st.datetimes(min_value=datetime(2000, 1, 1),
+                                       max_value=datetime(2030, 1, 1),
+                                       timezones=st.just(UTC))),
+}
+
+
+SAMPLERS: dict[str, Any] = {
+    "int": lambda r: r.randint(-1000, 1000),
+    "big": lambda r: r.randint(-(2**40), 2**40),
+    "num": lambda r: Decimal(r.randint(-10**7, 10**7)) / 1000,
+    "txt": lambda r: "".join(r.choice("aAbBz09 éü_-") for _ in range(r.randint(0, 5))),
+    "vc": lambda r: "".join(r.choice("abcXYZé") for _ in range(r.randint(0, 8))),
+    "dt": lambda r: date(1990, 1, 1) + timedelta(days=r.randint(0, 14000)),
+    "tsp": lambda r: datetime(2000, 1, 1) + timedelta(seconds=r.randint(0, 9 * 10**8)),
+    "tz": lambda r: datetime(2000, 1, 1, tzinfo=UTC)
+    + timedelta(seconds=r.randint(0, 9 * 10**8)),
+}
+
+
+def sql_fragment(conn: psycopg.Connection[Any], p: RangePartition, value: Any) -> int:
+    expr = sql.SQL("%s::{}").format(sql.SQL(p.type_name))
+    row = conn.execute(sql.SQL("SELECT {}").format(p.fragment_sql(expr)), (value,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture(scope="module")
+def typed_tables(db_dsn: str) -> dict[str, list[Any]]:
+    """One table per type with skewed, duplicated, negative and NULL values."""
+    import random
+    r = random.Random(42)
+    values: dict[str, list[Any]] = {}
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for name, (type_name, _) in TYPES.items():
+            sample = [SAMPLERS[name](r) for _ in range(60)]
+            rows = [r.choice(sample) if r.random() < 0.8 else sample[0] for _ in range(2000)]
+            rows += [None] * 50
+            conn.execute(sql.SQL("CREATE TABLE {} (a {})").format(sql.Identifier(name),
+                                                                  sql.SQL(type_name)))
+            with conn.cursor() as cur, cur.copy(
+                    sql.SQL("COPY {} (a) FROM STDIN").format(sql.Identifier(name))) as cp:
+                for v in rows:
+                    cp.write_row((v,))
+            values[name] = rows
+    return values
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_sql_and_python_agree_on_table_rows(conn: psycopg.Connection[Any],
+                                            typed_tables: dict[str, list[Any]],
+                                            name: str) -> None:
+    p = build_partition(conn, "public", name, "a", fragments=16)
+    assert 1 <= p.n <= 15
+    assert list(p.bounds) == sorted(set(p.bounds))
+    rows = conn.execute(sql.SQL("SELECT a, {} FROM {}").format(
+        p.fragment_sql(sql.Identifier("a")), sql.Identifier(name))).fetchall()
+    assert rows
+    for value, fragment in rows:
+        assert p.fragment_of(value) == fragment, (value, fragment)
+    # every bound is the first value of its fragment; NULL has its own fragment
+    for i, b in enumerate(p.bounds):
+        assert p.fragment_of(b) == i + 1 == sql_fragment(conn, p, b)
+    assert p.fragment_of(None) == p.n + 1 == sql_fragment(conn, p, None)
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_sql_and_python_agree_on_arbitrary_values(conn: psycopg.Connection[Any],
+                                                  typed_tables: dict[str, list[Any]],
+                                                  name: str) -> None:
+    p = build_partition(conn, "public", name, "a", fragments=9)
+    type_name, strategy = TYPES[name]
+
+    @FAST
+    @given(value=strategy)
+    def agree(value: Any) -> None:
+        assert p.fragment_of(value) == sql_fragment(conn, p, value)
+
+    agree()
+
+
+def test_boundaries_negative_and_out_of_histogram(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE neg AS SELECT i AS a FROM generate_series(-500, 499) AS i")
+    p = build_partition(conn, "public", "neg", "a", fragments=10)
+    assert p.n == 9
+    probes = [-10**6, -501, -500, -499, 499, 500, 10**6]
+    for b in p.bounds:
+        probes += [b - 1, b, b + 1]
+    for v in probes:
+        assert p.fragment_of(v) == sql_fragment(conn, p, v), v
+    assert p.fragment_of(-10**6) == 0
+    assert p.fragment_of(10**6) == p.n
+
+
+def test_statistics_target_raised_for_many_fragments(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE many AS SELECT (i * 7919) % 20011 AS a"
+                 " FROM generate_series(1, 20000) AS i")
+    p = build_partition(conn, "public", "many", "a", fragments=400)
+    target = conn.execute("SELECT attstattarget FROM pg_attribute"
+                          " WHERE attrelid = 'many'::regclass AND attname = 'a'").fetchone()
+    assert target is not None and target[0] >= 400
+    assert 300 < p.n <= 399  # more than the default target's 101 histogram bounds
+
+
+def test_heavy_duplicates_give_distinct_bounds(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE skew AS SELECT CASE WHEN i % 10 < 8 THEN 5 ELSE i END AS a"
+                 " FROM generate_series(1, 5000) AS i")
+    p = build_partition(conn, "public", "skew", "a", fragments=50)
+    assert list(p.bounds) == sorted(set(p.bounds))
+    assert 5 in p.bounds  # the most common value starts a fragment of its own
+
+
+@pytest.mark.parametrize("ddl", [
+    "CREATE TABLE empty_t (a int)",
+    "CREATE TABLE nulls_t AS SELECT NULL::int AS a FROM generate_series(1, 100)",
+])
+def test_empty_and_all_null_columns(conn: psycopg.Connection[Any], ddl: str) -> None:
+    conn.execute(ddl)
+    table = ddl.split()[2]
+    p = build_partition(conn, "public", table, "a", fragments=10)
+    assert p.n == 0
+    assert p.fragment_of(5) == 0 == sql_fragment(conn, p, 5)
+    assert p.fragment_of(None) == 1 == sql_fragment(conn, p, None)
+
+
+def test_tiny_table_uses_exact_quantiles(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE tiny AS SELECT unnest(ARRAY[3, 1, 2]) AS a")
+    p = build_partition(conn, "public", "tiny", "a", fragments=4)
+    assert set(p.bounds) <= {1, 2, 3} and p.n >= 1
+
+
+def test_text_order_is_code_point_order_in_c_locale(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE words (a text)")
+    conn.execute("INSERT INTO words SELECT unnest(ARRAY['a', 'B', 'é', 'z', 'Z', 'ü', '', 'aa'])"
+                 " FROM generate_series(1, 20)")
+    p = build_partition(conn, "public", "words", "a", fragments=8)
+    for v in ["", "A", "a", "aa", "ab", "b", "y", "z", "é", "ü", "zz", "\u00e0", "\u4e2d"]:
+        assert p.fragment_of(v) == sql_fragment(conn, p, v), v
+
+
+def test_unknown_column_raises(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE known (a int)")
+    with pytest.raises(PartitionError):
+        build_partition(conn, "public", "known", "nope")
+
+
+def test_runs_merge_adjacent_fragments() -> None:
+    p = RangePartition("s", "t", "a", "integer", (10, 20, 30, 40), ("10", "20", "30", "40"),
+                       "{10,20,30,40}")
+    assert p.runs([0, 1, 3, 4, 5]) == [(0, 1), (3, 4)]
+    assert p.run_bounds(0, 1) == (None, "20")
+    assert p.run_bounds(3, 4) == ("30", None)
+    assert p.run_bounds(2, 2) == ("20", "30")
+    assert p.covers_all([0, 1, 2, 3, 4, 5])
+    assert not p.covers_all([0, 1, 2, 3, 4])
+    assert p.covers_all([0, 1, 2, 3, 4], nullable=False)
+
+
+def test_thin_keeps_sorted_distinct_and_caps_count() -> None:
+    values = list(range(1000))
+    out = thin(values, 10)
+    assert len(out) == 10 and out == sorted(set(out)) and out[0] == 0
+    assert thin(values[:5], 10) == values[:5]
+    assert thin(values, 0) == []
+
+
+def test_python_bounds_roundtrip_decimal_and_timestamps(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE rt (n numeric(6,2), ts timestamp)")
+    base = datetime(2020, 1, 1)
+    with conn.cursor() as cur, cur.copy("COPY rt (n, ts) FROM STDIN") as cp:
+        for i in range(500):
+            cp.write_row((Decimal(i) / 4 - 50, base + timedelta(minutes=37 * i)))
+    for col in ("n", "ts"):
+        p = build_partition(conn, "public", "rt", col, fragments=20)
+        rows = conn.execute(sql.SQL("SELECT {c}, {f} FROM rt").format(
+            c=sql.Identifier(col), f=p.fragment_sql(sql.Identifier(col)))).fetchall()
+        assert all(p.fragment_of(v) == f for v, f in rows)
