@@ -105,7 +105,10 @@ class Limit:
             return self.value
         if params is not None and self.param is not None and self.param <= len(params):
             v = params[self.param - 1]
-            return int(v) if isinstance(v, (int, str)) else None
+            try:
+                return int(v) if isinstance(v, (int, str)) else None
+            except ValueError:
+                return None
         return None
 
 
