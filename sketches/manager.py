@@ -27,7 +27,7 @@ from psycopg import sql as psql
 
 from sketches import catalog, freshness
 from sketches.capture import CaptureTarget, capture
-from sketches.errors import CaptureError, NeedsCatalog, SketchError, UnsupportedQuery
+from sketches.errors import CaptureError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
 from sketches.ranges import RangePartition, build_partition, column_info
 from sketches.safety import SafeAttribute, Safety, check
@@ -116,6 +116,8 @@ class _Entry:
     maintenances: int = 0
     uses: int = 0
     last_used: float | None = None
+    instrumented: dict[str, str | None] = field(default_factory=dict)
+    """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change)."""
 
 
 @dataclass
@@ -135,6 +137,8 @@ class SketchManager:
         self.maintenance: MaintenanceStrategy = maintenance or RecaptureOnChange()
         self._lock = threading.Lock()
         self._classified: OrderedDict[str, Classification] = OrderedDict()
+        self._analysed: OrderedDict[tuple[str, str], tuple[QueryAnalysis, Safety]] = \
+            OrderedDict()
         self._templates: dict[str, _Template] = {}
         self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
         self._own_xids: set[int] = set()
@@ -166,12 +170,14 @@ class SketchManager:
         except UnsupportedQuery as exc:
             return Classification(False, str(exc), None)
         try:
-            safety = check(analyse(sql))
-        except NeedsCatalog:
-            return Classification(True, "columns resolved against the catalog at prepare",
-                                  template)
+            analysis = analyse(sql, lenient=True)
         except UnsupportedQuery as exc:
             return Classification(False, str(exc), template)
+        if not analysis.resolved:
+            # Supported syntax; which attributes are safe depends on the catalog.
+            return Classification(True, "columns resolved against the catalog at prepare",
+                                  template)
+        safety = check(analysis)
         return Classification(safety.sketchable, safety.reason, template)
 
     # ---- prepare ---------------------------------------------------------------------
@@ -214,8 +220,7 @@ class SketchManager:
     def _prepare(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
                  tmpl: _Template) -> Prepared:
-        analysis = analyse(sql, _resolver(conn))
-        safety = check(analysis)
+        analysis, safety = self._analyse(conn, sql)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
         if self.settings.persist:
@@ -238,10 +243,11 @@ class SketchManager:
             if refreshed is not entry.sketch:
                 entry.maintenances += 1
                 entry.sketch = refreshed
+                entry.instrumented.clear()
             entry.uses += 1
             entry.last_used = time.time()
             self._count("uses")
-            return self._finish("use", sql, entry.sketch)
+            return self._finish("use", sql, entry)
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")
@@ -249,21 +255,42 @@ class SketchManager:
         entry = _Entry(sketch, inst, last_used=time.time(), uses=1)
         tmpl.entries.insert(0, entry)
         self._count("captures")
-        return self._finish("capture", sql, sketch)
+        return self._finish("capture", sql, entry)
 
     def _useful(self, sketch: Sketch) -> bool:
         """Would the sketch be used for instrumentation at all?"""
         return not sketch.covers_all and \
             max(p.coverage for p in sketch.parts) <= self.settings.max_coverage
 
-    def _finish(self, decision: str, sql: str, sketch: Sketch) -> Prepared:
+    def _analyse(self, conn: psycopg.Connection[Any],
+                  sql: str) -> tuple[QueryAnalysis, Safety]:
+        """Analysis with the catalog, cached by (text, search_path)."""
+        row = conn.execute("SELECT current_setting('search_path')").fetchone()
+        key = (sql, str(row[0]) if row else "")
+        with self._lock:
+            hit = self._analysed.get(key)
+            if hit is not None:
+                self._analysed.move_to_end(key)
+                return hit
+        analysis = analyse(sql, _resolver(conn))
+        result = (analysis, check(analysis))
+        with self._lock:
+            self._analysed[key] = result
+            while len(self._analysed) > self.settings.classify_cache_size:
+                self._analysed.popitem(last=False)
+        return result
+
+    def _finish(self, decision: str, sql: str, entry: _Entry) -> Prepared:
+        sketch = entry.sketch
         worst = max(p.coverage for p in sketch.parts)
         if sketch.covers_all:
             return Prepared(decision, "sketch covers every fragment", sketch.id, None)
         if worst > self.settings.max_coverage:
             return Prepared(decision, f"sketch covers {worst:.0%} of the fragments",
                             sketch.id, None)
-        text = instrument(sql, sketch.parts)
+        if sql not in entry.instrumented:
+            entry.instrumented[sql] = instrument(sql, sketch.parts)
+        text = entry.instrumented[sql]
         summary = ", ".join(f"{p.table.alias}.{p.column} {len(p.fragments)}/"
                             f"{p.partition.fragment_count}" for p in sketch.parts)
         return Prepared(decision, f"sketch {summary}", sketch.id, text)

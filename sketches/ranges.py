@@ -141,14 +141,20 @@ def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
                 column: str) -> ColumnInfo:
     """Type and statistics target of ``schema.table.column``; raises PartitionError if absent."""
     row = conn.execute(
-        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget"
+        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget,"
+        " coalesce(co.collisdeterministic, true)"
         " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
         " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_collation co ON co.oid = a.attcollation"
         " WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s"
         " AND a.attnum > 0 AND NOT a.attisdropped",
         (schema, table, column)).fetchone()
     if row is None:
         raise PartitionError(f"no column {schema}.{table}.{column}")
+    if not row[3]:
+        # 'a' = 'A' under a nondeterministic collation, yet they may fall into different
+        # fragments: a fragment would no longer hold all rows of a value (safety's premise).
+        raise PartitionError(f"{schema}.{table}.{column} has a nondeterministic collation")
     return ColumnInfo(schema, table, column, str(row[0]), bool(row[1]), int(row[2]))
 
 

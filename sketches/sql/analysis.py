@@ -99,16 +99,22 @@ class _Ctx:
     has_aggregate: bool = False
 
 
-def analyse(sql: str, resolver: ColumnResolver | None = None) -> QueryAnalysis:
+def analyse(sql: str, resolver: ColumnResolver | None = None,
+            lenient: bool = False) -> QueryAnalysis:
     """Analyses ``sql``; raises UnsupportedQuery (``"unsupported: <reason>"``) outside the
-    supported class and NeedsCatalog when column resolution needs ``resolver``."""
-    return _Analyser(sql, resolver).run()
+    supported class and NeedsCatalog when column resolution needs ``resolver``.
+
+    ``lenient``: instead of NeedsCatalog, guess the table of an unresolvable column (the
+    result has ``resolved=False``): every syntactic check still runs, which is what a cheap
+    classification needs; such an analysis must not be used to rewrite anything."""
+    return _Analyser(sql, resolver, lenient).run()
 
 
 class _Analyser:
-    def __init__(self, sql: str, resolver: ColumnResolver | None) -> None:
+    def __init__(self, sql: str, resolver: ColumnResolver | None, lenient: bool) -> None:
         self.sql = sql
         self.resolver = resolver
+        self.lenient = lenient
         self.tables: list[TableRef] = []
         self.scopes: list[Scope] = []
         self.names: set[str] = set()
@@ -319,7 +325,9 @@ class _Analyser:
                 raise
             if (self.resolver is None and any(e != expr for e in aliased)
                     and len(entries) == 1 and entries[0].table is not None):
-                raise NeedsCatalog(f"GROUP BY {name} may name an output column")
+                if not self.lenient:
+                    raise NeedsCatalog(f"GROUP BY {name} may name an output column")
+                self.resolved = False
             return expr
         return self._expression(node, _Ctx(entries))
 
@@ -503,6 +511,8 @@ class _Analyser:
             self.resolved = False
             if len(unknown) == 1 and not matches:
                 return unknown[0]
+            if self.lenient:
+                return (matches + unknown)[0]
             raise NeedsCatalog(f"unqualified column {col} in a join needs the catalog")
         if len(matches) != 1:
             raise UnsupportedQuery(f"column {col} is {'ambiguous' if matches else 'unknown'}")

@@ -142,7 +142,8 @@ def _where(*parts: str | None) -> str:
 def generate(r: random.Random) -> GenQuery:
     """One random query of the supported class."""
     kind = r.choice(["having", "having", "group_topk", "rows_topk", "rows_topk", "distinct",
-                     "join", "subquery", "join_topk"])
+                     "join", "subquery", "join_topk", "join_rows", "join_unqualified",
+                     "subquery_join"])
     pred = predicate(r)
     params: list[Any] = []
     if kind == "having":
@@ -207,6 +208,25 @@ def generate(r: random.Random) -> GenQuery:
         base = f"SELECT {key}, {agg} AS m {from_} GROUP BY {key} ORDER BY m DESC, {key}"
         return GenQuery(f"{base} LIMIT {k}", None, lineage, (key,), (0,),
                         f"{base} FETCH FIRST {k} ROWS WITH TIES", (1, 0), True)
+    if kind == "join_rows":
+        k = r.randint(1, 6)
+        col = r.choice(["t.v", "t.s", "dim.w"])
+        base = (f"SELECT t.id, dim.id AS did, {col} FROM t JOIN dim ON t.g = dim.k"
+                f"{_where(pred)} ORDER BY {col} DESC, t.id, dim.id")
+        lineage = f"FROM t, dim{_where('t.g = dim.k', pred)}"
+        return GenQuery(f"{base} LIMIT {k}", None, lineage, ("t.id", "dim.id"), (0, 1),
+                        f"{base} FETCH FIRST {k} ROWS WITH TIES", (2, 0, 1), True)
+    if kind == "join_unqualified":
+        having = r.choice(["count(*) > 1", "sum(w) > 30", "NOT (count(*) < 3)",
+                           "(count(*) > 4 OR max(cat) = 'a')"])
+        sql = f"SELECT g, count(*) AS c FROM t, dim WHERE g = k GROUP BY g HAVING {having}"
+        return GenQuery(sql, None, "FROM t, dim WHERE t.g = dim.k", ("t.g",), (0,))
+    if kind == "subquery_join":
+        sql = (f"SELECT q.key, sum(dim.w) AS m FROM (SELECT t.g AS key FROM t{_where(pred)}) q"
+               f" JOIN dim ON q.key = dim.k GROUP BY q.key ORDER BY m DESC, q.key LIMIT 3")
+        ties = sql.replace("LIMIT 3", "FETCH FIRST 3 ROWS WITH TIES")
+        return GenQuery(sql, None, f"FROM t, dim{_where('t.g = dim.k', pred)}", ("t.g",), (0,),
+                        ties, (1, 0), True)
     # subquery in FROM
     inner_col = r.choice(["g", "s", "d"])
     having = r.choice(["count(*) > 1", "sum(q.val) > 10", "count(*) >= $1", "max(q.val) < 50"])

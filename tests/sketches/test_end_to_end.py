@@ -144,3 +144,46 @@ def test_unsupported_variants_pass_through(db_dsn: str, seed: int, mutation: int
     assert prepared.decision == "passthrough"
     assert prepared.instrumented_sql is None
     assert prepared.reason.startswith("unsupported: ")
+
+
+@pytest.mark.slow
+@HYPOTHESIS
+@given(t_rows=st.lists(T_ROW, min_size=40, max_size=150),
+       dim_rows=st.lists(DIM_ROW, min_size=5, max_size=20),
+       seed=st.integers(0, 2**32 - 1))
+def test_manager_workload_with_writes(conn: psycopg.Connection[Any],
+                                      t_rows: list[tuple[Any, ...]],
+                                      dim_rows: list[tuple[Any, ...]], seed: int) -> None:
+    """Queries (each template repeated with varying constants) interleaved with writes,
+    through SketchManager: every answer equals the original in the same snapshot, so reused
+    sketches are never stale."""
+    load_tables(conn, t_rows, dim_rows)
+    r = random.Random(seed)
+    manager = SketchManager(SketchSettings(fragments=r.randint(2, 10), persist=False))
+    templates = [generate(r) for _ in range(4)]
+    next_id = len(t_rows) + 1
+    for _ in range(30):
+        if r.random() < 0.2:
+            g = r.randint(-15, 15)
+            writes = [("INSERT INTO t (id, g, v, s) VALUES (%s, %s, %s, 'a')",
+                       (next_id, g, r.randint(-100, 100))),
+                      ("DELETE FROM t WHERE g = %s", (g,)),
+                      ("UPDATE t SET v = v + 50 WHERE g = %s", (g,))]
+            statement, args = r.choice(writes)
+            conn.execute(statement, args)
+            next_id += 1
+            continue
+        q = r.choice(templates)
+        if q.params:  # same template, other constants (stricter, looser, equal)
+            params = [max(0, p + r.randint(-1, 2)) for p in q.params]
+            q = GenQuery(q.sql, params, q.lineage, q.keys, q.key_positions, q.ties_sql,
+                         q.order_positions, q.determined)
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        try:
+            prepared = manager.prepare(conn, q.sql, q.params)
+            if prepared.instrumented_sql is not None:
+                compare_results(q, run(conn, q.sql, q.params),
+                                run(conn, prepared.instrumented_sql, q.params))
+        finally:
+            conn.execute("COMMIT")
+    assert manager.stats().get("captures", 0) >= 1

@@ -204,3 +204,13 @@ def test_python_bounds_roundtrip_decimal_and_timestamps(conn: psycopg.Connection
         rows = conn.execute(sql.SQL("SELECT {c}, {f} FROM rt").format(
             c=sql.Identifier(col), f=p.fragment_sql(sql.Identifier(col)))).fetchall()
         assert all(p.fragment_of(v) == f for v, f in rows)
+
+
+def test_nondeterministic_collation_is_refused(conn: psycopg.Connection[Any]) -> None:
+    """Equal values under such a collation ('a' = 'A') may lie in different fragments."""
+    conn.execute("CREATE COLLATION IF NOT EXISTS ci_test"
+                 " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+    conn.execute("CREATE TABLE ci_t (a text COLLATE ci_test)")
+    conn.execute("INSERT INTO ci_t VALUES ('a'), ('A'), ('b')")
+    with pytest.raises(PartitionError, match="nondeterministic"):
+        build_partition(conn, "public", "ci_t", "a", fragments=4)

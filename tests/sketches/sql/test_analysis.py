@@ -119,3 +119,10 @@ def test_unsupported_queries_name_a_reason(sql: str, reason: str) -> None:
         analyse(sql, resolver)
     assert str(info.value).startswith("unsupported: ")
     assert reason in info.value.reason
+
+
+def test_lenient_analysis_runs_every_syntactic_check_without_the_catalog() -> None:
+    with pytest.raises(UnsupportedQuery, match="function random"):
+        analyse("SELECT random(), g FROM t, dim WHERE g = k GROUP BY g", lenient=True)
+    a = analyse("SELECT g FROM t, dim WHERE g = k GROUP BY g", lenient=True)
+    assert not a.resolved
