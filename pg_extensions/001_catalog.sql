@@ -20,8 +20,9 @@ CREATE TABLE IF NOT EXISTS imp.range_partitions (
 );
 
 -- One row per captured sketch. template is the pglast fingerprint of query_text; params the
--- text form of the query's parameters ($n), NULL when it has none. version is the snapshot the
--- sketch is exact for. strategy names how it is kept up to date (capture | maintenance name).
+-- text form of the query's parameters ($n), NULL when it has none. tables[i] ('schema.table'),
+-- aliases[i] (its name in the query) and attributes[i] describe the i-th sketched table.
+-- version is the snapshot the sketch is exact for. strategy names how it is kept up to date.
 CREATE TABLE IF NOT EXISTS imp.sketches (
     id            bigserial PRIMARY KEY,
     template      text NOT NULL,
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS imp.sketches (
     valid         boolean NOT NULL DEFAULT true,
     created_at    timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS aliases text[];
 CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
 
 -- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).

@@ -81,10 +81,12 @@ def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch) -> int:
     params = None if sketch.params is None else [None if v is None else str(v)
                                                   for v in sketch.params]
     row = conn.execute(
-        "INSERT INTO imp.sketches (template, query_text, params, tables, attributes,"
-        " partition_ids, version, strategy) VALUES (%s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s)"
-        " RETURNING id",
-        (sketch.template, sketch.query, params, [p.table.alias for p in sketch.parts],
+        "INSERT INTO imp.sketches (template, query_text, params, tables, aliases, attributes,"
+        " partition_ids, version, strategy)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s) RETURNING id",
+        (sketch.template, sketch.query, params,
+         [f"{p.schema}.{p.partition.table}" for p in sketch.parts],
+         [p.table.alias for p in sketch.parts],
          [p.column for p in sketch.parts], [p.partition.id for p in sketch.parts],
          sketch.version, sketch.strategy)).fetchone()
     assert row is not None
@@ -121,12 +123,13 @@ class StoredSketch:
 def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSketch]:
     """Valid sketches of ``template``, newest first."""
     rows = conn.execute(
-        "SELECT s.id, s.template, s.query_text, s.params, s.tables, s.attributes,"
+        "SELECT s.id, s.template, s.query_text, s.params, s.aliases, s.attributes,"
         " s.version::text, s.strategy, s.captures, s.maintenances, s.uses,"
         " array_agg(f.partition_id ORDER BY f.ordinal),"
         " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal)"
         " FROM imp.sketches s JOIN imp.sketch_fragments f ON f.sketch_id = s.id"
-        " WHERE s.template = %s AND s.valid GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
+        " WHERE s.template = %s AND s.valid AND s.aliases IS NOT NULL"
+        " GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
         (template,)).fetchall()
     out = []
     for r in rows:
