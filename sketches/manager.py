@@ -20,6 +20,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import psycopg
@@ -414,22 +415,27 @@ class SketchManager:
         return None
 
     def sketches(self) -> list[dict[str, object]]:
-        """One row per sketch held (IMP SHOW SKETCHES)."""
+        """One row per sketch held (IMP SHOW SKETCHES): sketch_id, template, query, tables,
+        attributes, fragments (per table: fragments of its partition), selected_fragments
+        (per table: fragments in the sketch), coverage, version, strategy, captures,
+        maintenances, uses, last_used (ISO UTC)."""
         rows: list[dict[str, object]] = []
         with self._lock:
             for template, t in self._templates.items():
                 for e in t.entries:
                     s = e.sketch
+                    last = None if e.last_used is None else datetime.fromtimestamp(
+                        e.last_used, UTC).isoformat(timespec="seconds")
                     rows.append({
-                        "id": s.id, "template": template, "query": s.query,
+                        "sketch_id": s.id, "template": template, "query": s.query,
                         "tables": [f"{p.schema}.{p.partition.table}" for p in s.parts],
                         "attributes": [p.column for p in s.parts],
-                        "fragments": [f"{len(p.fragments)}/{p.partition.fragment_count}"
-                                      for p in s.parts],
-                        "coverage": max(p.coverage for p in s.parts),
+                        "fragments": [p.partition.fragment_count for p in s.parts],
+                        "selected_fragments": [len(p.fragments) for p in s.parts],
+                        "coverage": round(max(p.coverage for p in s.parts), 4),
                         "version": s.version, "strategy": s.strategy,
                         "captures": e.captures, "maintenances": e.maintenances,
-                        "uses": e.uses, "last_used": e.last_used,
+                        "uses": e.uses, "last_used": last,
                     })
         return rows
 

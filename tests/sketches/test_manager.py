@@ -132,8 +132,9 @@ def test_admin_listing_and_drop(svc: psycopg.Connection[Any]) -> None:
     m.drop_all(svc)  # sketches persisted by earlier tests of this module
     p = prepare(m, svc, HAVING, [250])
     listed = m.sketches()
-    assert [r["id"] for r in listed] == [p.sketch_id]
+    assert [r["sketch_id"] for r in listed] == [p.sketch_id]
     assert listed[0]["attributes"] == ["g"] and listed[0]["uses"] == 1
+    assert listed[0]["selected_fragments"] == [1] and listed[0]["fragments"] == [101]
     m.flush_counters(svc)
     assert p.sketch_id is not None and m.drop(svc, p.sketch_id)
     assert m.sketches() == []
