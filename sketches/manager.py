@@ -306,7 +306,13 @@ class SketchManager:
                  params: tuple[object, ...] | None, template: str,
                  analysis: QueryAnalysis, safety: Safety) -> Sketch:
         targets = self._targets(conn, analysis, safety)
-        result = capture(conn, sql, analysis, targets, params)
+        try:
+            result = capture(conn, sql, analysis, targets, params)
+        except CaptureError:
+            with self._lock:  # e.g. DDL changed a column: rebuild its partition next time
+                for t in targets:
+                    self._partitions.pop((t.schema, t.partition.table, t.column), None)
+            raise
         sketch = Sketch(None, template, sql, params, result.parts, result.version,
                         self.maintenance.name)
         if self.settings.persist:
@@ -342,9 +348,11 @@ class SketchManager:
             cached = self._partitions.get(key)
         if cached is not None:
             return cached
-        nullable = not column_info(conn, schema, table, column).not_null
+        info = column_info(conn, schema, table, column)
+        nullable = not info.not_null
         partition = catalog.latest_partition(conn, *key) if self.settings.persist else None
-        if partition is None or partition.n + 1 > self.settings.fragments:
+        if (partition is None or partition.n + 1 > self.settings.fragments
+                or partition.type_name != info.type_name):  # the column's type changed
             partition = build_partition(conn, schema, table, column, self.settings.fragments)
             if self.settings.persist:
                 partition = catalog.save_partition(conn, partition)

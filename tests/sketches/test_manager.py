@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from sketches import catalog
+from sketches.errors import CaptureError
 from sketches.manager import (
     MaintenanceRequest,
     Prepared,
@@ -173,3 +174,19 @@ def test_maintenance_hook_result_is_used(svc: psycopg.Connection[Any]) -> None:
     assert prepare(m, svc, HAVING, [300]).decision == "capture"
     assert prepare(m, svc, HAVING, [300]).decision == "capture"
     assert calls == [1]
+
+
+def test_column_type_change_rebuilds_the_partition(data: str) -> None:
+    with psycopg.connect(data, autocommit=True) as c:
+        c.execute("CREATE TABLE ty WITH (autovacuum_enabled = false) AS"
+                  " SELECT i AS g, i AS v FROM generate_series(1, 3000) i")
+        m = SketchManager(SketchSettings(fragments=30))
+        q = "SELECT g, count(*) FROM ty GROUP BY g HAVING sum(v) > 2990"
+        assert prepare(m, c, q).decision == "capture"
+        c.execute("ALTER TABLE ty ALTER COLUMN g TYPE text USING g::text")
+        with pytest.raises(CaptureError):
+            prepare(m, c, q)  # the cached integer partition no longer fits
+        p = prepare(m, c, q)
+        assert p.decision == "capture" and p.instrumented_sql is not None
+        assert "AS text" in p.instrumented_sql
+        assert rows(c, p.instrumented_sql, None) == rows(c, q, None)
