@@ -21,17 +21,17 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
-from psycopg import sql as psql
 
-from sketches import catalog, freshness
+from sketches import catalog, freshness, lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.errors import CaptureError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
+from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
-from sketches.safety import SafeAttribute, Safety, check
+from sketches.safety import Safety, check
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, analyse, fingerprint
 from sketches.sql.template import TemplateInstance, instance, reusable
@@ -67,44 +67,6 @@ class Prepared:
     reason: str
     sketch_id: int | None
     instrumented_sql: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class MaintenanceRequest:
-    """What a maintenance strategy gets besides the sketch: the analysed query, its
-    parameters and the xids of the manager's own catalog-only transactions."""
-
-    analysis: QueryAnalysis
-    params: tuple[object, ...] | None
-    own_xids: frozenset[int]
-
-
-class MaintenanceStrategy(Protocol):
-    """HOOK for the incremental engine (issue 4).
-
-    ``refresh`` runs on the manager's connection inside the client's snapshot. It returns the
-    sketch valid for that snapshot (the same object if nothing changed, or one built with
-    ``Sketch.with_state(parts, version)`` after incremental maintenance), or ``None`` when it
-    cannot — the manager then captures anew. It must never return a sketch that could miss
-    provenance in the current snapshot."""
-
-    name: str
-
-    def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
-                request: MaintenanceRequest) -> Sketch | None: ...
-
-
-class RecaptureOnChange:
-    """Default strategy: keep the sketch iff the data provably did not change
-    (``sketches.freshness.changed_since``), else recapture."""
-
-    name = "recapture-on-change"
-
-    def refresh(self, conn: psycopg.Connection[Any], sketch: Sketch,
-                request: MaintenanceRequest) -> Sketch | None:
-        if freshness.changed_since(conn, sketch.version, request.own_xids):
-            return None
-        return sketch
 
 
 @dataclass
@@ -273,7 +235,7 @@ class SketchManager:
             if hit is not None:
                 self._analysed.move_to_end(key)
                 return hit
-        analysis = analyse(sql, _resolver(conn))
+        analysis = analyse(sql, lookup.resolver(conn))
         result = (analysis, check(analysis))
         with self._lock:
             self._analysed[key] = result
@@ -329,11 +291,11 @@ class SketchManager:
         targets = []
         for table_index, attrs in safety.by_table().items():
             table = analysis.tables[table_index]
-            resolved = _resolve_table(conn, table.schema, table.name)
+            resolved = lookup.resolve_table(conn, table.schema, table.name)
             if resolved is None:
                 continue
             schema, name = resolved
-            attr = _prefer_indexed(conn, schema, name, attrs)
+            attr = lookup.prefer_indexed(conn, schema, name, attrs)
             partition, nullable = self._partition(conn, schema, name, attr.column.column)
             targets.append(CaptureTarget(table, schema, attr.column.column, partition,
                                          nullable))
@@ -378,7 +340,7 @@ class SketchManager:
         tmpl.loaded = True
         for stored in catalog.load_sketches(conn, template):
             try:
-                stored_analysis = analyse(stored.query, _resolver(conn))
+                stored_analysis = analyse(stored.query, lookup.resolver(conn))
             except UnsupportedQuery:
                 continue
             by_alias = {t.alias: t for t in stored_analysis.tables}
@@ -479,54 +441,3 @@ class SketchManager:
             self._ensure_catalog(conn)
             count = max(count, catalog.delete_all(conn))
         return count
-
-
-def _resolver(conn: psycopg.Connection[Any]) -> Any:
-    """Column lists from the catalog, resolved through the connection's search_path."""
-    cache: dict[tuple[str | None, str], list[str] | None] = {}
-
-    def columns(schema: str | None, table: str) -> list[str] | None:
-        key = (schema, table)
-        if key not in cache:
-            resolved = _resolve_table(conn, schema, table)
-            if resolved is None:
-                cache[key] = None
-            else:
-                rows = conn.execute(
-                    "SELECT a.attname FROM pg_attribute a WHERE a.attrelid ="
-                    " (quote_ident(%s) || '.' || quote_ident(%s))::regclass"
-                    " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                    resolved).fetchall()
-                cache[key] = [r[0] for r in rows]
-        return cache[key]
-
-    return columns
-
-
-def _resolve_table(conn: psycopg.Connection[Any], schema: str | None,
-                   table: str) -> tuple[str, str] | None:
-    """``(schema, table)`` of a base table (or partitioned table / matview) as the query
-    names it, resolved through search_path; None for views and unknown names."""
-    name = psql.SQL("quote_ident(%s)") if schema is None else \
-        psql.SQL("quote_ident(%s) || '.' || quote_ident(%s)")
-    args: tuple[str, ...] = (table,) if schema is None else (schema, table)
-    row = conn.execute(
-        psql.SQL("SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
-                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                 " WHERE c.oid = to_regclass({})").format(name), args).fetchone()
-    if row is None or row[2] not in ("r", "p", "m"):
-        return None
-    return str(row[0]), str(row[1])
-
-
-def _prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,
-                    attrs: Sequence[SafeAttribute]) -> SafeAttribute:
-    """The first safe attribute that leads an index (the skipping predicate can use it),
-    else the first one."""
-    rows = conn.execute(
-        "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
-        " ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-        " WHERE i.indrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass",
-        (schema, table)).fetchall()
-    indexed = {r[0] for r in rows}
-    return next((a for a in attrs if a.column.column in indexed), attrs[0])

@@ -34,6 +34,14 @@ from pglast.enums import (
 )
 
 from sketches.errors import NeedsCatalog, UnsupportedQuery
+from sketches.sql.grammar import (
+    AGGREGATES,
+    EXPR_KINDS,
+    FUNCTIONS,
+    LEAF_NODES,
+    PLAIN_NODES,
+    implicit_name,
+)
 from sketches.sql.model import (
     AggregateCall,
     ColumnRef,
@@ -49,35 +57,6 @@ from sketches.sql.parse import parse_select, to_sql
 
 ColumnResolver = Callable[[str | None, str], Sequence[str] | None]
 """``(schema as written or None, table) -> its column names``, or None if no such table."""
-
-AGGREGATES = frozenset({"count", "sum", "avg", "min", "max"})
-
-# Immutable (or at least snapshot- and transaction-independent) functions. Anything reading
-# the clock, a sequence or randomness would differ between the capture and the query.
-FUNCTIONS = frozenset({
-    "abs", "lower", "upper", "length", "char_length", "character_length", "octet_length",
-    "substr", "substring", "left", "right", "btrim", "ltrim", "rtrim", "trim", "replace",
-    "strpos", "position", "round", "floor", "ceil", "ceiling", "trunc", "mod", "sqrt", "power",
-    "sign", "exp", "ln", "log", "date_part", "extract", "date_trunc", "md5", "split_part",
-    "reverse", "lpad", "rpad", "initcap",
-})
-
-_EXPR_KINDS = frozenset({
-    A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_OP_ANY, A_Expr_Kind.AEXPR_OP_ALL,
-    A_Expr_Kind.AEXPR_DISTINCT, A_Expr_Kind.AEXPR_NOT_DISTINCT, A_Expr_Kind.AEXPR_NULLIF,
-    A_Expr_Kind.AEXPR_IN, A_Expr_Kind.AEXPR_LIKE, A_Expr_Kind.AEXPR_ILIKE,
-    A_Expr_Kind.AEXPR_SIMILAR, A_Expr_Kind.AEXPR_BETWEEN, A_Expr_Kind.AEXPR_NOT_BETWEEN,
-    A_Expr_Kind.AEXPR_BETWEEN_SYM, A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM,
-})
-
-# Nodes accepted as they are (their children are walked generically).
-_PLAIN_NODES: tuple[type, ...] = (
-    ast.A_Const, ast.BoolExpr, ast.NullTest, ast.BooleanTest, ast.TypeCast, ast.CoalesceExpr,
-    ast.MinMaxExpr, ast.CaseExpr, ast.CaseWhen, ast.A_ArrayExpr, ast.String, ast.Integer,
-    ast.Float, ast.Boolean, ast.BitString, ast.CollateClause,
-)
-_LEAF_NODES: tuple[type, ...] = (ast.TypeName,)
-
 
 @dataclass
 class _Entry:
@@ -254,7 +233,7 @@ class _Analyser:
                 raise UnsupportedQuery("* in a FROM subquery")
             ctx = _Ctx(inner)
             node = self._walk_node(res.val, ctx)
-            name = names[pos] if pos < len(names) else (res.name or _implicit_name(res.val))
+            name = names[pos] if pos < len(names) else (res.name or implicit_name(res.val))
             if name is None:
                 raise UnsupportedQuery("unnamed expression in a FROM subquery")
             if name in outputs:
@@ -292,7 +271,7 @@ class _Analyser:
                 outputs.append((None, Expression("*", ())))
                 continue
             expr = self._expression(val, _Ctx(entries, allow_aggregates=True))
-            name = res.name or _implicit_name(val)
+            name = res.name or implicit_name(val)
             items.append(SelectItem(expr, name))
             outputs.append((name, expr))
         return tuple(items), outputs
@@ -382,18 +361,18 @@ class _Analyser:
         if isinstance(node, ast.ParamRef):
             self.params.add(node.number)
             return copy.copy(node)
-        if isinstance(node, _LEAF_NODES):
+        if isinstance(node, LEAF_NODES):
             return copy.deepcopy(node)
         if isinstance(node, ast.FuncCall):
             return self._function(node, ctx)
         if isinstance(node, ast.A_Expr):
-            if node.kind not in _EXPR_KINDS:
+            if node.kind not in EXPR_KINDS:
                 raise UnsupportedQuery(f"operator kind {node.kind.name}")
         elif isinstance(node, ast.SubLink):
             raise UnsupportedQuery("subquery in an expression")
         elif isinstance(node, ast.SQLValueFunction):
             raise UnsupportedQuery("CURRENT_DATE/CURRENT_USER-like function")
-        elif not isinstance(node, _PLAIN_NODES):
+        elif not isinstance(node, PLAIN_NODES):
             raise UnsupportedQuery(f"expression {type(node).__name__}")
         return self._rebuild(node, ctx)
 
@@ -517,17 +496,6 @@ class _Analyser:
         if len(matches) != 1:
             raise UnsupportedQuery(f"column {col} is {'ambiguous' if matches else 'unknown'}")
         return matches[0]
-
-
-def _implicit_name(node: ast.Node) -> str | None:
-    """The output name PostgreSQL gives an unaliased select item (when it is simple)."""
-    if isinstance(node, ast.ColumnRef) and isinstance(node.fields[-1], ast.String):
-        return str(node.fields[-1].sval)
-    if isinstance(node, ast.FuncCall):
-        return str(node.funcname[-1].sval)
-    if isinstance(node, ast.TypeCast):
-        return _implicit_name(node.arg)
-    return None
 
 
 def _column_equality(node: object, an: _Analyser) -> tuple[ColumnRef, ColumnRef] | None:
