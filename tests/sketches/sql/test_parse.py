@@ -1,0 +1,31 @@
+"""Parsing helpers: templates, scopes, the printer round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from sketches.errors import UnsupportedQuery
+from sketches.sql.parse import fingerprint, parse_select, print_checked, scopes
+
+
+def test_fingerprint_abstracts_constants_and_parameters() -> None:
+    a = fingerprint("SELECT g FROM t GROUP BY g HAVING count(*) > 5")
+    assert a == fingerprint("select g from t group by g having count(*) > 700")
+    assert a == fingerprint("SELECT g FROM t GROUP BY g HAVING count(*) > $1")
+    assert a != fingerprint("SELECT g FROM t GROUP BY g HAVING sum(v) > 5")
+    with pytest.raises(UnsupportedQuery):
+        fingerprint("SELEC")
+
+
+def test_scopes_are_numbered_in_pre_order() -> None:
+    stmt = parse_select("SELECT 1 FROM (SELECT 1 FROM (SELECT 1 FROM c) AS b) AS a"
+                        " JOIN (SELECT 1 FROM d) AS e ON true")
+    names = [s.fromClause[0].relname if hasattr(s.fromClause[0], "relname") else None
+             for s in scopes(stmt)]
+    assert len(names) == 4
+    assert names[2] == "c" and names[3] == "d"
+
+
+def test_printer_roundtrip_keeps_parameters_and_literals() -> None:
+    sql = "SELECT a FROM t WHERE s LIKE 'it''s%' AND b = $1 ORDER BY a LIMIT $2"
+    assert print_checked(parse_select(sql)) == sql
