@@ -1,0 +1,1 @@
+"""The incremental annotated operators, one module each (DESIGN §7)."""

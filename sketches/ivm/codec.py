@@ -1,0 +1,92 @@
+"""JSON encoding of row values and Z-sets for persisted operator state.
+
+JSON-native values (None, bool, int, str) are stored as they are; everything else is a one-key
+object tagging its type, so a round trip returns equal values of the same Python type.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, TypeAlias
+
+from sketches.ivm.errors import StateFormatError
+from sketches.ivm.zset import Ann, Row, ZSet
+
+Json: TypeAlias = Any  # JSON-able value (dict/list/str/int/float/bool/None)
+
+_ENCODERS: tuple[tuple[type, str, Callable[[Any], Json]], ...] = (
+    (Decimal, "dec", str),
+    (Fraction, "frac", lambda f: [f.numerator, f.denominator]),
+    (float, "float", repr),
+    (dt.datetime, "ts", lambda v: v.isoformat()),
+    (dt.date, "date", lambda v: v.isoformat()),
+    (dt.time, "time", lambda v: v.isoformat()),
+    (dt.timedelta, "td", lambda v: [v.days, v.seconds, v.microseconds]),
+    (bytes, "bytes", lambda v: v.hex()),
+    (uuid.UUID, "uuid", str),
+)
+
+_DECODERS: dict[str, Callable[[Any], object]] = {
+    "dec": Decimal,
+    "frac": lambda v: Fraction(v[0], v[1]),
+    "float": float,
+    "ts": dt.datetime.fromisoformat,
+    "date": dt.date.fromisoformat,
+    "time": dt.time.fromisoformat,
+    "td": lambda v: dt.timedelta(days=v[0], seconds=v[1], microseconds=v[2]),
+    "bytes": bytes.fromhex,
+    "uuid": uuid.UUID,
+    "tuple": lambda v: tuple(decode_value(x) for x in v),
+}
+
+
+def encode_value(value: object) -> Json:
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, tuple):
+        return {"tuple": [encode_value(v) for v in value]}
+    for typ, tag, fn in _ENCODERS:
+        if isinstance(value, typ):
+            return {tag: fn(value)}
+    raise StateFormatError(f"cannot persist a value of type {type(value).__name__}")
+
+
+def decode_value(data: Json) -> object:
+    if data is None or isinstance(data, bool | str | int):
+        return data
+    if isinstance(data, dict) and len(data) == 1:
+        ((tag, payload),) = data.items()
+        decoder = _DECODERS.get(tag)
+        if decoder is not None:
+            return decoder(payload)
+    raise StateFormatError(f"cannot decode persisted value {data!r}")
+
+
+def encode_row(row: Row) -> Json:
+    return [encode_value(v) for v in row]
+
+
+def decode_row(data: Json) -> Row:
+    return tuple(decode_value(v) for v in data)
+
+
+def encode_ann(ann: Ann) -> Json:
+    return [sorted(s) for s in ann]
+
+
+def decode_ann(data: Json) -> Ann:
+    return tuple(frozenset(int(f) for f in s) for s in data)
+
+
+def encode_zset(z: ZSet) -> Json:
+    return [[encode_row(r), encode_ann(a), w] for r, a, w in z]
+
+
+def decode_zset(data: Json) -> ZSet:
+    return ZSet((decode_row(r), decode_ann(a), int(w)) for r, a, w in data)

@@ -1,0 +1,35 @@
+"""Exceptions of the incremental engine. Each names what the caller should do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class IvmError(Exception):
+    """Base class of the incremental engine's errors."""
+
+
+class NotMaintainable(IvmError):
+    """The query (or part of it) cannot be maintained incrementally: recapture instead."""
+
+
+class InconsistentDelta(IvmError):
+    """A delta deletes more than the operator's state holds: the state does not match the
+    database (wrong version, lost deltas). The operator's state is unusable: recapture."""
+
+
+class BufferExhausted(IvmError):
+    """A bounded min/max or top-k buffer ran dry while rows remain (IMP §7.2). Refill the named
+    groups from PostgreSQL (configure a refill callback) or recapture; never guess.
+
+    After this exception the raising operator's state is incomplete: the caller must recapture
+    (or restore an earlier snapshot)."""
+
+    def __init__(self, operator: str, groups: Sequence[tuple[object, ...]]) -> None:
+        super().__init__(f"{operator}: bounded buffer exhausted for {len(groups)} group(s)")
+        self.operator = operator
+        self.groups = tuple(groups)
+
+
+class StateFormatError(IvmError):
+    """A persisted operator state cannot be restored (unknown format or version)."""

@@ -1,0 +1,131 @@
+"""A small expression language evaluated in Python with SQL's three-valued logic.
+
+Used for HAVING predicates and ORDER BY keys over aggregate results and constants: column
+references, constants, ``+ - *``, comparisons, AND/OR/NOT, IS [NOT] NULL. Anything else is not
+incrementally maintainable (the plan compiler raises :class:`NotMaintainable`). Division is left
+out on purpose: PostgreSQL's integer and numeric division rules (truncation, result scale) are
+not reproduced here.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from sketches.ivm.zset import Row
+
+_CMP: dict[str, Callable[[object, object], bool]] = {
+    "=": operator.eq, "<>": operator.ne, "!=": operator.ne,
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+_ARITH: dict[str, Callable[[object, object], object]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    index: int
+
+    def eval(self, row: Row) -> object:
+        return row[self.index]
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    value: object
+
+    def eval(self, row: Row) -> object:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Cmp:
+    op: str
+    left: Expr
+    right: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in _CMP:
+            raise ValueError(f"unsupported comparison {self.op!r}")
+
+    def eval(self, row: Row) -> object:
+        a, b = self.left.eval(row), self.right.eval(row)
+        if a is None or b is None:
+            return None
+        return _CMP[self.op](a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class Arith:
+    op: str
+    left: Expr
+    right: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in _ARITH:
+            raise ValueError(f"unsupported arithmetic operator {self.op!r}")
+
+    def eval(self, row: Row) -> object:
+        a, b = self.left.eval(row), self.right.eval(row)
+        if a is None or b is None:
+            return None
+        return _ARITH[self.op](a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class And:
+    args: tuple[Expr, ...]
+
+    def eval(self, row: Row) -> object:
+        unknown = False
+        for arg in self.args:
+            v = arg.eval(row)
+            if v is False:
+                return False
+            if v is None:
+                unknown = True
+        return None if unknown else True
+
+
+@dataclass(frozen=True, slots=True)
+class Or:
+    args: tuple[Expr, ...]
+
+    def eval(self, row: Row) -> object:
+        unknown = False
+        for arg in self.args:
+            v = arg.eval(row)
+            if v is True:
+                return True
+            if v is None:
+                unknown = True
+        return None if unknown else False
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    arg: Expr
+
+    def eval(self, row: Row) -> object:
+        v = self.arg.eval(row)
+        return None if v is None else not v
+
+
+@dataclass(frozen=True, slots=True)
+class IsNull:
+    arg: Expr
+    negated: bool = False
+
+    def eval(self, row: Row) -> object:
+        return (self.arg.eval(row) is None) != self.negated
+
+
+Expr: TypeAlias = Col | Const | Cmp | Arith | And | Or | Not | IsNull
+
+
+def holds(expr: Expr, row: Row) -> bool:
+    """WHERE/HAVING semantics: only TRUE keeps the row (NULL and FALSE drop it)."""
+    return expr.eval(row) is True

@@ -1,0 +1,188 @@
+"""Per-group running values of the aggregate functions (IMP §5.2.5–5.2.6, §7.2).
+
+* count(x) / count(*): the number of (non-NULL) inputs.
+* sum(x), avg(x): the running sum and the non-NULL count; sum of no values is NULL, avg is
+  ``sum / count`` as an exact :class:`fractions.Fraction` for int/numeric input.
+* min(x), max(x): a sorted multiset value → multiplicity, optionally bounded to the best
+  ``limit`` distinct values (:class:`ValueBuffer`).
+
+Every accumulator takes signed weights: ``add(v, +m)`` inserts ``m`` copies, ``add(v, −m)``
+deletes them; deleting what is not there raises :class:`InconsistentDelta`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from sketches.ivm.codec import Json, decode_value, encode_value
+from sketches.ivm.errors import InconsistentDelta
+
+FUNCTIONS = ("count_star", "count", "sum", "avg", "min", "max")
+
+
+class CountAcc:
+    __slots__ = ("nonnull",)
+
+    def __init__(self) -> None:
+        self.nonnull = 0
+
+    def add(self, value: object, weight: int) -> None:
+        if value is not None:
+            self.nonnull += weight
+            if self.nonnull < 0:
+                raise InconsistentDelta("count below zero")
+
+    def result(self) -> object:
+        return self.nonnull
+
+    def snapshot(self) -> Json:
+        return [self.nonnull]
+
+    def restore(self, data: Json) -> None:
+        self.nonnull = int(data[0])
+
+
+class SumAcc:
+    __slots__ = ("total", "nonnull", "avg")
+
+    def __init__(self, avg: bool = False) -> None:
+        self.total: Any = 0
+        self.nonnull = 0
+        self.avg = avg
+
+    def add(self, value: object, weight: int) -> None:
+        if value is None:
+            return
+        self.total = self.total + value * weight  # type: ignore[operator]
+        self.nonnull += weight
+        if self.nonnull < 0:
+            raise InconsistentDelta("sum: non-NULL count below zero")
+        if self.nonnull == 0:
+            self.total = 0   # drops float residue and Decimal exponent drift of an empty group
+
+    def result(self) -> object:
+        if self.nonnull == 0:
+            return None
+        if not self.avg:
+            return self.total
+        if isinstance(self.total, float):
+            return self.total / self.nonnull
+        return Fraction(self.total) / self.nonnull
+
+    def snapshot(self) -> Json:
+        return [encode_value(self.total), self.nonnull]
+
+    def restore(self, data: Json) -> None:
+        self.total = decode_value(data[0])
+        self.nonnull = int(data[1])
+
+
+class ValueBuffer:
+    """Sorted multiset of the values of one group for min (``descending=False``) or max.
+
+    Invariant: ``values`` holds the exact multiplicity of every value inside the *region*: all
+    values when ``complete``, else the values ``v <= bound`` (min) / ``v >= bound`` (max). Values
+    outside the region are not tracked (inserting or deleting them changes nothing kept), so
+    while ``values`` is non-empty its first (min) / last (max) key is the true extreme.
+    When ``values`` runs empty while non-NULL inputs remain, the buffer is *exhausted*.
+    """
+
+    __slots__ = ("descending", "limit", "values", "complete", "bound", "nonnull")
+
+    def __init__(self, descending: bool, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError("buffer limit must be >= 1")
+        self.descending = descending
+        self.limit = limit
+        self.values: SortedDict = SortedDict()
+        self.complete = True
+        self.bound: object = None
+        self.nonnull = 0
+
+    def _inside(self, value: Any) -> bool:
+        if self.complete:
+            return True
+        return bool(value >= self.bound) if self.descending else bool(value <= self.bound)
+
+    def add(self, value: Any, weight: int) -> None:
+        if value is None or weight == 0:
+            return
+        self.nonnull += weight
+        if self.nonnull < 0:
+            raise InconsistentDelta("min/max: non-NULL count below zero")
+        if self.nonnull == 0:
+            self.values.clear()
+            self.complete = True
+            self.bound = None
+            return
+        if not self._inside(value):
+            return
+        m = self.values.get(value, 0) + weight
+        if m < 0:
+            raise InconsistentDelta(f"min/max: value {value!r} deleted more often than present")
+        if m == 0:
+            del self.values[value]
+        else:
+            self.values[value] = m
+
+    def trim(self) -> None:
+        """Drops the worst values beyond ``limit`` distinct values (bounded state)."""
+        if self.limit is None:
+            return
+        while len(self.values) > self.limit:
+            self.values.popitem(0 if self.descending else -1)
+            self.complete = False
+            self.bound = self.values.peekitem(0 if self.descending else -1)[0]
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.values and not self.complete and self.nonnull > 0
+
+    def load(self, values: Iterable[tuple[object, int]], complete: bool) -> None:
+        """Replaces the tracked values by an exact refill: the best values with multiplicities,
+        ``complete`` when they are all of the group's values. ``nonnull`` is unchanged."""
+        self.values = SortedDict()
+        for v, m in values:
+            if v is not None and m:
+                self.values[v] = self.values.get(v, 0) + m
+        self.complete = complete or not self.values
+        if not self.complete:
+            self.bound = self.values.peekitem(0 if self.descending else -1)[0]
+        else:
+            self.bound = None
+        if self.complete and sum(self.values.values()) != self.nonnull:
+            raise InconsistentDelta("min/max refill disagrees with the group's non-NULL count")
+
+    def result(self) -> object:
+        if not self.values:
+            if self.exhausted:
+                raise InconsistentDelta("min/max read from an exhausted buffer")
+            return None
+        return self.values.peekitem(-1 if self.descending else 0)[0]
+
+    def snapshot(self) -> Json:
+        return [self.nonnull, self.complete, encode_value(self.bound),
+                [[encode_value(v), m] for v, m in self.values.items()]]
+
+    def restore(self, data: Json) -> None:
+        self.nonnull = int(data[0])
+        self.complete = bool(data[1])
+        self.bound = decode_value(data[2])
+        self.values = SortedDict({decode_value(v): int(m) for v, m in data[3]})
+
+
+Accumulator = CountAcc | SumAcc | ValueBuffer
+
+
+def make_accumulator(func: str, limit: int | None) -> Accumulator:
+    if func in ("count", "count_star"):
+        return CountAcc()
+    if func in ("sum", "avg"):
+        return SumAcc(avg=func == "avg")
+    if func in ("min", "max"):
+        return ValueBuffer(descending=func == "max", limit=limit)
+    raise ValueError(f"unsupported aggregate function {func!r}")

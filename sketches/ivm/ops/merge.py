@@ -1,0 +1,77 @@
+"""Merge (the root; IMP §5.1): from annotated result deltas to a sketch delta.
+
+State: per slot a counter ``C[f]`` = the number of result tuples (with multiplicity) whose
+annotation contains ``f``. The sketch is ``{f | C[f] > 0}`` per slot.
+
+Delta rule: ``C'[f] = C[f] + Σ_{(t,P,m) ∈ ΔQ, f ∈ P} m``; the sketch delta adds the fragments
+whose count went from 0 to > 0 and removes those that went from > 0 to 0. Fragments whose
+count stays positive are unchanged (the sketch is a set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sketches.ivm.codec import Json
+from sketches.ivm.errors import InconsistentDelta
+from sketches.ivm.operator import check_kind
+from sketches.ivm.zset import ZSet
+
+
+@dataclass(frozen=True, slots=True)
+class SketchDelta:
+    """Fragments added to / removed from the sketch, one set per slot (sketched table)."""
+
+    added: tuple[frozenset[int], ...]
+    removed: tuple[frozenset[int], ...]
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.added) and not any(self.removed)
+
+
+class Merge:
+    kind = "merge"
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.counts: list[dict[int, int]] = [{} for _ in range(slots)]
+
+    def step(self, delta: ZSet) -> SketchDelta:
+        added: list[set[int]] = [set() for _ in range(self.slots)]
+        removed: list[set[int]] = [set() for _ in range(self.slots)]
+        changes: list[dict[int, int]] = [{} for _ in range(self.slots)]
+        for _row, ann, w in delta:
+            for slot, frags in enumerate(ann):
+                ch = changes[slot]
+                for f in frags:
+                    ch[f] = ch.get(f, 0) + w
+        for slot, ch in enumerate(changes):
+            counts = self.counts[slot]
+            for f, d in ch.items():
+                if d == 0:
+                    continue
+                before = counts.get(f, 0)
+                after = before + d
+                if after < 0:
+                    raise InconsistentDelta(f"merge: fragment {f} counted below zero")
+                if after:
+                    counts[f] = after
+                else:
+                    del counts[f]
+                if before == 0 and after > 0:
+                    added[slot].add(f)
+                elif before > 0 and after == 0:
+                    removed[slot].add(f)
+        return SketchDelta(tuple(frozenset(s) for s in added),
+                           tuple(frozenset(s) for s in removed))
+
+    def sketch(self) -> tuple[frozenset[int], ...]:
+        return tuple(frozenset(c) for c in self.counts)
+
+    def snapshot(self) -> dict[str, Json]:
+        return {"kind": self.kind, "counts": [sorted(c.items()) for c in self.counts]}
+
+    def restore(self, state: dict[str, Json]) -> None:
+        check_kind(self.kind, state)
+        self.counts = [{int(f): int(c) for f, c in slot} for slot in state["counts"]]

@@ -1,0 +1,214 @@
+"""Top-k τ_{k,O} (IMP §5.2.7, §7.2), with ties.
+
+State: an ordered map ``O-key → {(tuple, P): multiplicity}`` (a :class:`SortedDict`).
+
+Output: the first ``k`` tuples in O-order *and every tuple tied with the k-th one* (``FETCH FIRST
+k ROWS WITH TIES``). PostgreSQL breaks ties arbitrarily; keeping all tied tuples makes the sketch
+independent of that choice (an over-approximation of the provenance of any tie-break, hence
+still sufficient). Bag semantics: a tuple of multiplicity m counts m times towards k.
+
+Delta rule: with ``top(S)`` the output for state S, ``Δτ = top(S + ΔS) − top(S)``. The operator
+computes the old top (walking the map from the start until k is reached, O(k)), applies the
+batch, computes the new top and emits ``−old +new`` only when they differ (consolidated).
+
+Bounded state (``buffer_limit = l >= k``): the map keeps only the tuples whose O-key is ``<=
+bound`` (all of them when ``complete``); tuples beyond the bound are not tracked, inserting or
+deleting them changes nothing kept. After a batch the map is trimmed back to about ``l`` tuples
+(whole O-keys only). When deletions leave fewer than ``k`` tracked tuples while the buffer is
+incomplete, the top can no longer be known: ``refill()`` must return the exact top-``l`` (with
+ties) of the current input, or :class:`BufferExhausted` is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from sketches.ivm.codec import Json, decode_ann, decode_row, encode_ann, encode_row
+from sketches.ivm.errors import BufferExhausted, InconsistentDelta
+from sketches.ivm.operator import Operator, check_kind
+from sketches.ivm.zset import Ann, Entry, Row, ZSet
+
+TopRefill = Callable[[], tuple[Sequence[Entry], bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderItem:
+    """ORDER BY column ``col``; ``nulls_first=None`` is PostgreSQL's default (NULLS LAST for
+    ASC, NULLS FIRST for DESC)."""
+
+    col: int
+    descending: bool = False
+    nulls_first: bool | None = None
+
+    @property
+    def nulls_go_first(self) -> bool:
+        return self.descending if self.nulls_first is None else self.nulls_first
+
+
+class _Desc:
+    """Reverses the order of a value."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    def __lt__(self, other: _Desc) -> bool:
+        return bool(other.v < self.v)
+
+    def __le__(self, other: _Desc) -> bool:
+        return bool(other.v <= self.v)
+
+    def __gt__(self, other: _Desc) -> bool:
+        return bool(other.v > self.v)
+
+    def __ge__(self, other: _Desc) -> bool:
+        return bool(other.v >= self.v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and bool(self.v == other.v)
+
+    def __hash__(self) -> int:
+        return hash(self.v)
+
+
+def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
+    parts: list[object] = []
+    for item in order:
+        v = row[item.col]
+        if v is None:
+            parts.append((0 if item.nulls_go_first else 2, 0))
+        else:
+            parts.append((1, _Desc(v) if item.descending else v))
+    return tuple(parts)
+
+
+def top_with_ties(entries: Iterable[tuple[object, dict[tuple[Row, Ann], int]]],
+                  k: int) -> ZSet:
+    """The first k tuples (by multiplicity) of ``(O-key, bucket)`` pairs in O-order, plus every
+    tuple tied with the k-th."""
+    out = ZSet()
+    taken = 0
+    for _okey, bucket in entries:
+        if taken >= k:
+            break
+        for (row, ann), m in bucket.items():
+            out.add(row, ann, m)
+            taken += m
+    return out
+
+
+class TopK(Operator):
+    kind = "topk"
+
+    def __init__(self, order: Sequence[OrderItem], k: int, buffer_limit: int | None = None,
+                 refill: TopRefill | None = None) -> None:
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        if buffer_limit is not None and buffer_limit < k:
+            raise ValueError("the top-k buffer must keep l >= k tuples")
+        self.order = tuple(order)
+        self.k = k
+        self.buffer_limit = buffer_limit
+        self.refill = refill
+        self.entries: SortedDict = SortedDict()    # O-key -> {(row, ann): multiplicity}
+        self.total = 0
+        self.complete = True
+        self.bound_row: Row | None = None          # a row whose O-key is the bound
+
+    def _okey(self, row: Row) -> tuple[object, ...]:
+        return order_key(row, self.order)
+
+    def _inside(self, okey: tuple[object, ...]) -> bool:
+        if self.complete:
+            return True
+        assert self.bound_row is not None
+        return bool(okey <= self._okey(self.bound_row))   # type: ignore[operator]
+
+    def top(self) -> ZSet:
+        return top_with_ties(self.entries.items(), self.k)
+
+    def _add(self, row: Row, ann: Ann, weight: int) -> None:
+        okey = self._okey(row)
+        if not self._inside(okey):
+            return
+        bucket = self.entries.get(okey)
+        if bucket is None:
+            bucket = self.entries[okey] = {}
+        m = bucket.get((row, ann), 0) + weight
+        if m < 0:
+            raise InconsistentDelta(f"top-k: tuple {row!r} deleted more often than present")
+        if m:
+            bucket[(row, ann)] = m
+        else:
+            del bucket[(row, ann)]
+            if not bucket:
+                del self.entries[okey]
+        self.total += weight
+
+    def step(self, delta: ZSet) -> ZSet:
+        before = self.top()
+        for row, ann, w in delta:
+            self._add(row, ann, w)
+        if not self.complete and self.total < self.k:
+            if self.refill is None:
+                raise BufferExhausted(self.kind, [()])
+            self.load(*self.refill())
+            if not self.complete and self.total < self.k:
+                raise BufferExhausted(self.kind, [()])
+        self._trim()
+        after = self.top()
+        return after - before if after != before else ZSet()
+
+    def _trim(self) -> None:
+        if self.buffer_limit is None:
+            return
+        while len(self.entries) > 1:
+            last_key, last = self.entries.peekitem(-1)
+            size = sum(last.values())
+            if self.total - size < self.buffer_limit:
+                break
+            self.entries.popitem(-1)
+            self.total -= size
+            self.complete = False
+            _k, bucket = self.entries.peekitem(-1)
+            self.bound_row = next(iter(bucket))[0]
+
+    def load(self, entries: Iterable[Entry], complete: bool) -> None:
+        """Replaces the state by exact data: ``entries`` are all input tuples whose O-key is
+        ``<=`` the largest O-key among them (e.g. ``ORDER BY o FETCH FIRST l ROWS WITH TIES``);
+        ``complete`` when they are the whole input."""
+        self.entries = SortedDict()
+        self.total = 0
+        self.complete = True
+        for row, ann, w in entries:
+            self._add(row, ann, w)
+        self.complete = complete or not self.entries
+        self.bound_row = None
+        if not self.complete:
+            _k, bucket = self.entries.peekitem(-1)
+            self.bound_row = next(iter(bucket))[0]
+        self._trim()
+
+    def snapshot(self) -> dict[str, Json]:
+        return {
+            "kind": self.kind,
+            "complete": self.complete,
+            "bound": None if self.bound_row is None else encode_row(self.bound_row),
+            "entries": [[encode_row(r), encode_ann(a), m]
+                        for bucket in self.entries.values() for (r, a), m in bucket.items()],
+        }
+
+    def restore(self, state: dict[str, Json]) -> None:
+        check_kind(self.kind, state)
+        self.entries = SortedDict()
+        self.total = 0
+        self.complete = True
+        for r, a, m in state["entries"]:
+            self._add(decode_row(r), decode_ann(a), int(m))
+        self.complete = bool(state["complete"])
+        self.bound_row = None if state["bound"] is None else decode_row(state["bound"])
