@@ -1,0 +1,644 @@
+"""The Spark execution backend — the only module that imports pyspark (lazily, inside
+functions: the proxy runs without pyspark installed).
+
+Runtime. One long-lived :class:`SparkRuntime` holds the process's SparkSession. It is started
+in a background thread (:meth:`SparkRuntime.start`), never on a client's request path (a
+session takes 4.5–6 s to start, DESIGN §9); until it is ready every job raises
+:class:`BackendUnavailable` and the router runs PostgreSQL instead. The JDBC driver comes from
+``jdbc_jar`` (Debian's ``libpostgresql-jdbc-java``: ``/usr/share/java/postgresql.jar``); it is
+never downloaded. ``master`` and any ``spark.*`` setting come from :class:`SparkSettings`.
+
+Jobs. :func:`sketches.backends.plan.build_plan` splits the query into pushed-down PostgreSQL
+reads (filters, per-row expressions and the fragment id evaluated by PostgreSQL) and the part
+Spark computes with identical semantics (equi-joins, grouping, count/sum/min/max, HAVING and
+ORDER BY … LIMIT with ties over numbers). Every read is a JDBC query split into at most
+``max_partitions`` partitions by predicates over contiguous runs of the range partition of the
+sketch attribute (``a >= lo AND a < hi``; NULLs with the last run), so text and date attributes
+partition as well as integers. Every JDBC connection first runs ``BEGIN ISOLATION LEVEL
+REPEATABLE READ; SET TRANSACTION SNAPSHOT '<id>'`` with a snapshot exported from the caller's
+connection: Spark reads exactly the data the caller's transaction sees, and the sketch's version
+is that snapshot.
+
+Values that come back to Python (state building, ΔR⋈S') are those PostgreSQL computed, except
+aggregates: ``sum`` is converted to PostgreSQL's result type (``sum(int8)`` is numeric).
+Columns of types whose Spark mapping is not value-exact (``real``, unconstrained ``numeric``,
+``timestamptz``, …) are refused; ``float8`` sums may differ in the last bits from PostgreSQL's
+(summation order), as they do between two PostgreSQL plans.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sketches.backends.base import (
+    AggregateState,
+    BackendJobFailed,
+    BackendUnavailable,
+    BackendUnsupported,
+    FullMaintenance,
+    MatchRequest,
+    PartialRow,
+    Row,
+    ValueRow,
+)
+from sketches.backends.plan import (
+    BatchPlan,
+    Bin,
+    BoolOp,
+    IsNull,
+    Lit,
+    Node,
+    Not,
+    OrderKey,
+    Ref,
+    TableRead,
+    build_plan,
+)
+from sketches.backends.postgres import resolve_schemas, snapshot_transaction
+from sketches.capture import CaptureResult, CaptureTarget
+from sketches.sketch import SketchPart
+from sketches.sql.model import QueryAnalysis
+
+log = logging.getLogger(__name__)
+
+DEFAULT_JAR = "/usr/share/java/postgresql.jar"
+DEFAULT_CONF: tuple[tuple[str, str], ...] = (
+    ("spark.sql.shuffle.partitions", "4"),
+    ("spark.ui.enabled", "false"),
+    ("spark.sql.session.timeZone", "UTC"),
+    ("spark.sql.ansi.enabled", "true"),
+    ("spark.sql.decimalOperations.allowPrecisionLoss", "false"),
+    ("spark.driver.memory", "1g"),
+    ("spark.ui.showConsoleProgress", "false"),
+)
+
+# PostgreSQL type oids whose values survive the JDBC → Spark → Python trip unchanged.
+_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8 = 16, 20, 21, 23, 25, 701
+_BPCHAR, _VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1042, 1043, 1082, 1114, 1700
+_EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _BPCHAR, _VARCHAR, _DATE,
+                          _TIMESTAMP, _NUMERIC})
+_C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """``master``: a Spark master URL (``local[*]``, ``spark://host:7077``, ``yarn``…);
+    ``conf``: any ``spark.*`` settings (override :data:`DEFAULT_CONF`); ``jdbc_jar``: the
+    PostgreSQL JDBC driver; ``jdbc_url``: how executors reach PostgreSQL (default: built from
+    the caller's connection — host, port, database, user; the password travels as a
+    property); ``max_partitions``: JDBC partitions per table read."""
+
+    master: str = "local[*]"
+    app_name: str = "imp-proxy"
+    conf: tuple[tuple[str, str], ...] = ()
+    jdbc_jar: str = DEFAULT_JAR
+    jdbc_url: str | None = None
+    max_partitions: int = 8
+    fetch_size: int = 10_000
+
+    def spark_conf(self) -> dict[str, str]:
+        out = dict(DEFAULT_CONF)
+        out.update(self.conf)
+        out["spark.jars"] = self.jdbc_jar
+        out.setdefault("spark.driver.extraClassPath", self.jdbc_jar)
+        return out
+
+    @classmethod
+    def from_sources(cls, env: Mapping[str, str] | None = None,
+                     table: Mapping[str, Any] | None = None) -> SparkSettings:
+        """Settings from a TOML table (``master``, ``jdbc_jar``, ``jdbc_url``,
+        ``max_partitions`` and any ``spark.*`` key) overridden by the environment:
+        ``IMP_SPARK_MASTER``, ``IMP_SPARK_CONF`` (a JSON object of ``spark.*`` settings),
+        ``IMP_SPARK_JDBC_JAR``, ``IMP_SPARK_JDBC_URL``."""
+        env = os.environ if env is None else env
+        table = table or {}
+        conf = {str(k): str(v) for k, v in table.items() if str(k).startswith("spark.")}
+        if isinstance(table.get("conf"), Mapping):
+            conf.update({str(k): str(v) for k, v in table["conf"].items()})
+        raw = env.get("IMP_SPARK_CONF")
+        if raw:
+            try:
+                extra = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"IMP_SPARK_CONF is not JSON: {exc}") from exc
+            if not isinstance(extra, dict):
+                raise ValueError("IMP_SPARK_CONF must be a JSON object")
+            conf.update({str(k): str(v) for k, v in extra.items()})
+        bad = [k for k in conf if not k.startswith("spark.")]
+        if bad:
+            raise ValueError(f"not spark.* settings: {bad}")
+        out = cls(conf=tuple(sorted(conf.items())))
+        master = env.get("IMP_SPARK_MASTER") or table.get("master")
+        jar = env.get("IMP_SPARK_JDBC_JAR") or table.get("jdbc_jar")
+        url = env.get("IMP_SPARK_JDBC_URL") or table.get("jdbc_url")
+        parts = table.get("max_partitions")
+        return replace(out, master=str(master or out.master), jdbc_jar=str(jar or out.jdbc_jar),
+                       jdbc_url=str(url) if url else None,
+                       max_partitions=int(parts) if parts else out.max_partitions)
+
+
+@dataclass
+class SparkRuntime:
+    """The process's long-lived SparkSession, started off the request path."""
+
+    settings: SparkSettings = field(default_factory=SparkSettings)
+    state: str = "stopped"  # stopped | starting | ready | failed
+    reason: str = "not started"
+    started_seconds: float | None = None
+    _session: Any = None
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ready: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        """Starts the session in a background thread (no-op when already started)."""
+        with self._lock:
+            if self.state != "stopped":
+                return
+            self.state, self.reason = "starting", "SparkSession starting"
+            self._thread = threading.Thread(target=self._start, name="imp-spark-warmup",
+                                            daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        began = time.perf_counter()
+        try:
+            session = _create_session(self.settings)
+        except BackendUnavailable as exc:
+            self._fail(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 — any JVM/py4j failure means "unavailable"
+            self._fail(f"SparkSession failed to start: {type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}")
+            return
+        with self._lock:
+            self._session = session
+            self.started_seconds = time.perf_counter() - began
+            self.state, self.reason = "ready", (
+                f"SparkSession {self.settings.master} ready in {self.started_seconds:.1f} s")
+        log.info("%s", self.reason)
+        self._ready.set()
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            self.state, self.reason = "failed", reason
+        log.warning("Spark unavailable: %s", reason)
+        self._ready.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the start finished (for tests, benchmarks and the CLI, never the
+        request path); True when the session is ready."""
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def session(self) -> Any:
+        """The SparkSession; BackendUnavailable (with the reason) unless ready."""
+        with self._lock:
+            if self.state != "ready":
+                raise BackendUnavailable(self.reason)
+            return self._session
+
+    def stop(self) -> None:
+        with self._lock:
+            session, self._session = self._session, None
+            self.state, self.reason = "stopped", "stopped"
+            self._ready.clear()
+        if session is not None:
+            session.stop()
+
+
+def _create_session(settings: SparkSettings) -> Any:
+    if not Path(settings.jdbc_jar).is_file():
+        raise BackendUnavailable(
+            f"PostgreSQL JDBC driver not found at {settings.jdbc_jar} (install Debian's "
+            "libpostgresql-jdbc-java or configure jdbc_jar; it is never downloaded)")
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise BackendUnavailable(f"pyspark is not installed ({exc}); pip install "
+                                 "'imp-proxy[spark]'") from exc
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in settings.spark_conf().items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    actual = session.sparkContext.master
+    if actual != settings.master:
+        log.warning("a SparkSession with master %s already existed (wanted %s)", actual,
+                    settings.master)
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+# ------------------------------------------------------------------------- the backend
+
+
+class SparkBackend:
+    """Heavy operations as Spark jobs over JDBC reads of PostgreSQL (see the module docs)."""
+
+    name = "spark"
+
+    def __init__(self, runtime: SparkRuntime) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+
+    # -- public operations --------------------------------------------------------------
+
+    def capture(self, conn: psycopg.Connection[Any], sql_text: str, analysis: QueryAnalysis,
+                targets: Sequence[CaptureTarget],
+                params: Sequence[object] | None = None) -> CaptureResult:
+        spark = self.runtime.session()
+        started = time.perf_counter()
+        plan, c_collation = self._plan(conn, analysis, targets, params)
+        with self._snapshot(conn) as (init, version):
+            frames = self._frames(spark, conn, plan, init, {})
+            fragments = self._capture_job(plan, frames, c_collation)
+        seconds = time.perf_counter() - started
+        parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition,
+                                 frozenset(fragments[i]), t.nullable)
+                      for i, t in enumerate(targets))
+        log.debug("spark capture %s in %.1f ms", [len(p.fragments) for p in parts],
+                  seconds * 1e3)
+        return CaptureResult(version, parts, seconds, f"spark job over {len(plan.reads)} "
+                             f"JDBC read(s) at {self.settings.master}")
+
+    def build_state(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                    targets: Sequence[CaptureTarget], params: Sequence[object] | None = None,
+                    buffer_limit: int | None = None) -> AggregateState:
+        spark = self.runtime.session()
+        started = time.perf_counter()
+        plan, _ = self._plan(conn, analysis, targets, params)
+        if not plan.grouped:
+            raise BackendUnsupported("no aggregation or DISTINCT: no aggregate state to build")
+        types: dict[str, int] = {}
+        with self._snapshot(conn) as (init, version):
+            frames = self._frames(spark, conn, plan, init, types)
+            partials, values, truncated = self._state_job(plan, frames, buffer_limit, types)
+        return AggregateState.build(version, [a.function for a in plan.aggregates],
+                                    plan.slots, partials, values, truncated, self.name,
+                                    time.perf_counter() - started)
+
+    def full_maintenance(self, conn: psycopg.Connection[Any], sql_text: str,
+                         analysis: QueryAnalysis, targets: Sequence[CaptureTarget],
+                         params: Sequence[object] | None = None,
+                         buffer_limit: int | None = None) -> FullMaintenance:
+        spark = self.runtime.session()
+        started = time.perf_counter()
+        plan, c_collation = self._plan(conn, analysis, targets, params)
+        if not plan.grouped:
+            raise BackendUnsupported("no aggregation or DISTINCT: no aggregate state to build")
+        types: dict[str, int] = {}
+        with self._snapshot(conn) as (init, version):
+            frames = self._frames(spark, conn, plan, init, types)
+            fragments = self._capture_job(plan, frames, c_collation)
+            mid = time.perf_counter()
+            partials, values, truncated = self._state_job(plan, frames, buffer_limit, types)
+        end = time.perf_counter()
+        parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition,
+                                 frozenset(fragments[i]), t.nullable)
+                      for i, t in enumerate(targets))
+        state = AggregateState.build(version, [a.function for a in plan.aggregates],
+                                     plan.slots, partials, values, truncated, self.name,
+                                     end - mid)
+        return FullMaintenance(CaptureResult(version, parts, mid - started, "spark"), state)
+
+    def match_rows(self, conn: psycopg.Connection[Any], request: MatchRequest,
+                   keys: Collection[Row]) -> list[Row]:
+        distinct = sorted({tuple(k) for k in keys if all(v is not None for v in k)}, key=repr)
+        if not distinct:
+            return []
+        spark = self.runtime.session()
+        outputs = tuple((f"c{i}", sql.Identifier("s", c).as_string(conn))
+                        for i, c in enumerate(request.columns))
+        key_outputs = tuple((f"k{i}", sql.Identifier("s", c).as_string(conn))
+                            for i, c in enumerate(request.key_columns))
+        read = TableRead(0, request.schema, request.table, "s", outputs + key_outputs, (),
+                         None if request.target is None else 0, request.target)
+        plan = BatchPlan((read,), (), False, (), (), None, (), None,
+                         0 if request.target is None else 1)
+        with self._snapshot(conn) as (init, _version):
+            (frame,) = self._frames(spark, conn, plan, init, {})
+            from pyspark.sql import functions as F
+            from pyspark.sql.types import StructType
+            schema = StructType([frame.schema[name] for name, _ in key_outputs])
+            keys_df = spark.createDataFrame(distinct, schema=schema)
+            keys_df = keys_df.toDF(*[f"q{i}" for i in range(len(key_outputs))])
+            cond = reduce(lambda a, b: a & b, [
+                frame[name] == keys_df[f"q{i}"] for i, (name, _) in enumerate(key_outputs)])
+            cols = [name for name, _ in outputs]
+            if request.target is not None:
+                cols.append(str(read.fragment_column))
+            joined = frame.join(F.broadcast(keys_df), cond, "inner").select(*cols)
+            rows = self._collect(joined)
+        return [tuple(r) for r in rows]
+
+    # -- planning and reading ------------------------------------------------------------
+
+    def _plan(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+              targets: Sequence[CaptureTarget],
+              params: Sequence[object] | None) -> tuple[BatchPlan, bool]:
+        """The batch plan and whether the database collation is C (text compares alike)."""
+        schemas = resolve_schemas(conn, analysis, targets)
+        plan = build_plan(conn, analysis, targets, params, schemas)
+        row = conn.execute("SELECT datcollate FROM pg_database"
+                           " WHERE datname = current_database()").fetchone()
+        return plan, row is not None and str(row[0]) in _C_COLLATIONS
+
+    @contextmanager
+    def _snapshot(self, conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
+        """``(session init statement, version)``: the caller's snapshot exported for the
+        JDBC connections; the caller's transaction stays open while Spark reads."""
+        with snapshot_transaction(conn):
+            row = conn.execute(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text").fetchone()
+            assert row is not None
+            init = sql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+                           "SET TRANSACTION SNAPSHOT {}").format(sql.Literal(str(row[0])))
+            yield init.as_string(conn), str(row[1])
+
+    def _jdbc(self, conn: psycopg.Connection[Any]) -> tuple[str, dict[str, str]]:
+        info = conn.info
+        props = {"user": info.user, "driver": "org.postgresql.Driver"}
+        if info.password:
+            props["password"] = info.password
+        if self.settings.jdbc_url:
+            return self.settings.jdbc_url, props
+        host = info.host
+        if not host or host.startswith("/"):
+            raise BackendUnavailable("the connection uses a Unix socket; configure the "
+                                     "Spark jdbc_url")
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"jdbc:postgresql://{host}:{info.port}/{info.dbname}", props
+
+    def _frames(self, spark: Any, conn: psycopg.Connection[Any], plan: BatchPlan,
+                init: str, types: dict[str, int]) -> list[Any]:
+        """One JDBC DataFrame per read; fills ``types`` (output name → type oid)."""
+        url, props = self._jdbc(conn)
+        props.update({"sessionInitStatement": init, "fetchsize": str(self.settings.fetch_size),
+                      "preferTimestampNTZ": "true"})
+        frames = []
+        for read in plan.reads:
+            types.update(self._check_types(conn, read))
+            table = sql.SQL("({}) AS {}").format(
+                read.query(), sql.Identifier(f"imp_r{read.index}")).as_string(conn)
+            predicates = [p.as_string(conn)
+                          for p in read.partition_predicates(self.settings.max_partitions)]
+            try:
+                if predicates:
+                    frame = spark.read.jdbc(url, table, predicates=predicates,
+                                            properties=props)
+                else:
+                    frame = spark.read.jdbc(url, table, properties=props)
+            except Exception as exc:  # noqa: BLE001 — py4j wraps every JVM error
+                raise BackendJobFailed(f"JDBC read of {read.schema}.{read.name} failed: "
+                                       f"{_first_line(exc)}") from exc
+            frames.append(frame)
+        return frames
+
+    def _check_types(self, conn: psycopg.Connection[Any], read: TableRead) -> dict[str, int]:
+        query = sql.SQL("SELECT * FROM ({}) AS q LIMIT 0").format(read.query())
+        cur = conn.execute(query)
+        for col in cur.description or ():
+            if col.name == read.partition_column:
+                continue  # compared inside PostgreSQL only
+            if col.type_code not in _EXACT_TYPES:
+                raise BackendUnsupported(f"column {col.name} of {read.schema}.{read.name}: "
+                                         f"type oid {col.type_code} is not mapped exactly")
+            if col.type_code == _NUMERIC and col.precision is None:
+                raise BackendUnsupported(f"column {col.name} of {read.schema}.{read.name}: "
+                                         "unconstrained numeric (Spark caps the scale)")
+        return {col.name: col.type_code for col in cur.description or ()}
+
+    def _joined(self, plan: BatchPlan, frames: Sequence[Any]) -> Any:
+        """Inner joins in table order on the join equalities (cross joins when unconnected)."""
+        columns = {name: i for i, f in enumerate(frames) for name in f.columns}
+        df = frames[0]
+        have = {0}
+        pending = list(plan.joins)
+        for i in range(1, len(frames)):
+            conds = []
+            rest = []
+            for a, b in pending:
+                ta, tb = columns[a], columns[b]
+                if {ta, tb} <= have | {i} and i in (ta, tb) and ta != tb:
+                    conds.append(df[a if ta != i else b] == frames[i][b if ta != i else a])
+                else:
+                    rest.append((a, b))
+            pending = rest
+            if conds:
+                df = df.join(frames[i], reduce(lambda x, y: x & y, conds), "inner")
+            else:
+                df = df.crossJoin(frames[i])
+            have.add(i)
+        for a, b in pending:  # equalities within one table, or between already joined ones
+            df = df.filter(df[a] == df[b])
+        return df
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def _grouped(self, plan: BatchPlan, frames: Sequence[Any]) -> Any:
+        from pyspark.sql import functions as F
+        df = self._joined(plan, frames)
+        aggs = [F.count(F.lit(1)).alias("__n")]
+        for a in plan.aggregates:
+            if a.function == "count_star":
+                aggs.append(F.count(F.lit(1)).alias(a.name))
+            elif a.function == "count":
+                aggs.append(F.count(F.col(str(a.arg))).alias(a.name))
+            elif a.function in ("sum", "min", "max"):
+                fn = {"sum": F.sum, "min": F.min, "max": F.max}[a.function]
+                aggs.append(fn(F.col(str(a.arg))).alias(a.name))
+            # avg is refused in HAVING / ORDER BY by the plan, so it is not needed here
+        aggs += [F.collect_set(F.col(f)).alias(f"s_{f}") for f in plan.fragment_columns]
+        return df.groupBy(*plan.keys).agg(*aggs)
+
+    def _capture_job(self, plan: BatchPlan, frames: Sequence[Any],
+                     c_collation: bool) -> list[set[int]]:
+        from pyspark.sql import functions as F
+        if plan.grouped:
+            df = self._grouped(plan, frames)
+            if not c_collation:
+                _check_collation(plan, df)
+            if plan.having is not None:
+                df = df.filter(_column(plan.having))
+            if plan.limit is not None:
+                df = self._top(df, plan.order, plan.limit)
+            pieces = [df.select(F.lit(i).alias("slot"), F.explode(F.col(f"s_{f}")).alias("f"))
+                      for i, f in enumerate(plan.fragment_columns)]
+        else:
+            df = self._joined(plan, frames)
+            if plan.limit is not None:
+                df = self._top(df, plan.order, plan.limit)
+            pieces = [df.select(F.lit(i).alias("slot"), F.col(f).alias("f"))
+                      for i, f in enumerate(plan.fragment_columns)]
+        out: list[set[int]] = [set() for _ in range(plan.slots)]
+        if not pieces:
+            return out
+        union = reduce(lambda a, b: a.unionByName(b), pieces).distinct()
+        for row in self._collect(union):
+            out[int(row[0])].add(int(row[1]))
+        return out
+
+    def _top(self, df: Any, order: Sequence[OrderKey], limit: int) -> Any:
+        """The first ``limit`` rows in ``order`` and every row tied with the last of them
+        (``FETCH FIRST k ROWS WITH TIES``): the rows that precede or equal the k-th key."""
+        from pyspark.sql import functions as F
+        if limit <= 0:
+            return df.limit(0)
+        names = [f"__o{i}" for i in range(len(order))]
+        for name, o in zip(names, order, strict=True):
+            df = df.withColumn(name, _column(o.node))
+        sort = []
+        for name, o in zip(names, order, strict=True):
+            c = F.col(name)
+            if o.descending:
+                sort.append(c.desc_nulls_first() if o.nulls_first else c.desc_nulls_last())
+            else:
+                sort.append(c.asc_nulls_first() if o.nulls_first else c.asc_nulls_last())
+        first = df.orderBy(*sort).limit(limit)
+        rows = self._collect(first.select(*names))
+        if len(rows) < limit:
+            return df
+        kth = rows[-1]
+        tie = reduce(lambda a, b: a & b, [F.col(n).eqNullSafe(F.lit(kth[i]))
+                                          for i, n in enumerate(names)])
+        return first.unionByName(df.filter(tie))
+
+    def _state_job(self, plan: BatchPlan, frames: Sequence[Any], limit: int | None,
+                   types: dict[str, int]
+                   ) -> tuple[list[PartialRow], list[ValueRow], list[tuple[Row, int]]]:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+        df = self._joined(plan, frames)
+        fcols = list(plan.fragment_columns)
+        aggs = [F.count(F.lit(1)).alias("__n")]
+        for a in plan.aggregates:
+            if a.arg is None:
+                aggs.append(F.count(F.lit(1)))
+                continue
+            if a.function in ("sum", "avg"):
+                aggs.append(F.sum(F.col(a.arg)))
+            aggs.append(F.count(F.col(a.arg)))
+        grouped = df.groupBy(*plan.keys, *fcols).agg(*aggs)
+        nk, nf = len(plan.keys), len(fcols)
+        partials = []
+        for r in self._collect(grouped):
+            pos = nk + nf + 1
+            parts: list[Any] = []
+            for a in plan.aggregates:
+                if a.function in ("sum", "avg"):
+                    parts.append((_sum_value(types.get(str(a.arg)), r[pos]), int(r[pos + 1])))
+                    pos += 2
+                else:
+                    parts.append(int(r[pos]))
+                    pos += 1
+            partials.append(PartialRow(tuple(r[:nk]), tuple(r[nk:nk + nf]), int(r[nk + nf]),
+                                       tuple(parts)))
+        values: list[ValueRow] = []
+        truncated: list[tuple[Row, int]] = []
+        for j, a in enumerate(plan.aggregates):
+            if a.function not in ("min", "max"):
+                continue
+            v = F.col(str(a.arg))
+            counted = df.filter(v.isNotNull()).groupBy(*plan.keys, str(a.arg)).agg(
+                F.count(F.lit(1)).alias("__m"))
+            window = Window.partitionBy(*plan.keys)
+            ordered = window.orderBy(v.desc() if a.function == "max" else v.asc())
+            ranked = counted.withColumn("__rk", F.row_number().over(ordered)) \
+                .withColumn("__nd", F.count(F.lit(1)).over(window))
+            if limit is not None:
+                ranked = ranked.filter(F.col("__rk") <= limit)
+            cut = set()
+            for r in self._collect(ranked.select(*plan.keys, str(a.arg), "__m", "__nd")):
+                key = tuple(r[:nk])
+                values.append(ValueRow(key, j, r[nk], int(r[nk + 1])))
+                if limit is not None and int(r[nk + 2]) > limit:
+                    cut.add((key, j))
+            truncated += sorted(cut, key=repr)
+        return partials, values, truncated
+
+    def _collect(self, df: Any) -> list[Any]:
+        try:
+            return list(df.collect())
+        except Exception as exc:  # noqa: BLE001 — py4j wraps every JVM error
+            raise BackendJobFailed(f"Spark job failed: {_first_line(exc)}") from exc
+
+
+
+def _check_collation(plan: BatchPlan, df: Any) -> None:
+    """BackendUnsupported when HAVING / ORDER BY compare text: Spark compares code points,
+    the database's collation is not C."""
+    from pyspark.sql.types import StringType
+    used: set[str] = set()
+    for node in [plan.having, *(o.node for o in plan.order)]:
+        if node is not None:
+            used |= _refs(node)
+    text = [n for n in used if isinstance(df.schema[n].dataType, StringType)]
+    if text:
+        raise BackendUnsupported(f"text compared in Spark ({text}) but the database "
+                                 "collation is not C")
+
+
+def _sum_value(type_oid: int | None, value: Any) -> Any:
+    """``sum`` in PostgreSQL's result type: numeric for bigint input."""
+    if value is None:
+        return None
+    if type_oid == _INT8:
+        return Decimal(int(value))
+    return value
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _refs(node: Node) -> set[str]:
+    if isinstance(node, Ref):
+        return {node.name}
+    if isinstance(node, Bin):
+        return _refs(node.left) | _refs(node.right)
+    if isinstance(node, BoolOp):
+        return set().union(*(_refs(a) for a in node.args))
+    if isinstance(node, Not | IsNull):
+        return _refs(node.arg)
+    return set()
+
+
+def _column(node: Node) -> Any:
+    """A :data:`Node` as a Spark Column (SQL three-valued logic on both sides)."""
+    from pyspark.sql import functions as F
+    if isinstance(node, Ref):
+        return F.col(node.name)
+    if isinstance(node, Lit):
+        return F.lit(node.value)
+    if isinstance(node, Bin):
+        a, b = _column(node.left), _column(node.right)
+        ops = {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b,
+               ">": a > b, ">=": a >= b, "+": a + b, "-": a - b, "*": a * b}
+        return ops[node.op]
+    if isinstance(node, BoolOp):
+        cols = [_column(a) for a in node.args]
+        if node.op == "and":
+            return reduce(lambda x, y: x & y, cols)
+        return reduce(lambda x, y: x | y, cols)
+    if isinstance(node, Not):
+        return ~_column(node.arg)
+    return _column(node.arg).isNotNull() if node.negated else _column(node.arg).isNull()
