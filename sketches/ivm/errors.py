@@ -31,5 +31,14 @@ class BufferExhausted(IvmError):
         self.groups = tuple(groups)
 
 
+class Invalidated(IvmError):
+    """TRUNCATE or DDL bumped a table's epoch since the state was built: recapture."""
+
+
+class PipelineBroken(IvmError):
+    """An earlier maintain() failed half-way; the in-memory state is unusable: rebuild it
+    (build_state) or restore a persisted snapshot."""
+
+
 class StateFormatError(IvmError):
     """A persisted operator state cannot be restored (unknown format or version)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.zset import Row
 
 _CMP: dict[str, Callable[[object, object], bool]] = {
@@ -55,6 +56,8 @@ class Cmp:
         a, b = self.left.eval(row), self.right.eval(row)
         if a is None or b is None:
             return None
+        if self.op not in ("=", "<>", "!=") and (isinstance(a, str) or isinstance(b, str)):
+            raise NotMaintainable("text ordering depends on the collation: not evaluated here")
         return _CMP[self.op](a, b)
 
 

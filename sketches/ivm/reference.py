@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from functools import cmp_to_key
 
 from sketches.ivm.expr import Expr, holds
+from sketches.ivm.ops.accumulators import pg_numeric_div
 from sketches.ivm.ops.aggregate import AggSpec
 from sketches.ivm.ops.topk import OrderItem
 from sketches.ivm.zset import Ann, Row, ZSet, union_ann
@@ -68,7 +68,7 @@ def _aggregate_value(func: str, values: list[object], count: int) -> object:
         total = sum(present)  # type: ignore[arg-type]
         if isinstance(total, float):
             return total / len(present)
-        return Fraction(total) / len(present)
+        return pg_numeric_div(total, len(present))  # type: ignore[arg-type]
     if func == "min":
         return min(present)  # type: ignore[type-var]
     if func == "max":

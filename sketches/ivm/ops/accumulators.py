@@ -2,7 +2,8 @@
 
 * count(x) / count(*): the number of (non-NULL) inputs.
 * sum(x), avg(x): the running sum and the non-NULL count; sum of no values is NULL, avg is
-  ``sum / count`` as an exact :class:`fractions.Fraction` for int/numeric input.
+  ``sum / count`` with PostgreSQL's numeric division (:func:`pg_numeric_div`) for int/numeric
+  input, so HAVING/ORDER BY compare the value PostgreSQL compares.
 * min(x), max(x): a sorted multiset value → multiplicity, optionally bounded to the best
   ``limit`` distinct values (:class:`ValueBuffer`).
 
@@ -13,15 +14,54 @@ deletes them; deleting what is not there raises :class:`InconsistentDelta`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 from sortedcontainers import SortedDict
 
 from sketches.ivm.codec import Json, decode_value, encode_value
-from sketches.ivm.errors import InconsistentDelta
+from sketches.ivm.errors import InconsistentDelta, NotMaintainable
 
 FUNCTIONS = ("count_star", "count", "sum", "avg", "min", "max")
+
+_NBASE = 10_000
+
+
+def _pg_weight(value: Fraction) -> tuple[int, int]:
+    """(weight, first digit) of a non-zero value in PostgreSQL's base-10000 numeric format."""
+    a = abs(value)
+    w = 0
+    while a >= _NBASE ** (w + 1):
+        w += 1
+    while a < Fraction(_NBASE) ** w:
+        w -= 1
+    return w, int(a / Fraction(_NBASE) ** w)
+
+
+def _dscale(value: int | Decimal) -> int:
+    if isinstance(value, int):
+        return 0
+    exp = value.as_tuple().exponent
+    return max(0, -exp) if isinstance(exp, int) else 0
+
+
+def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
+    """``total / count`` as PostgreSQL's numeric division computes it (``avg`` of int and
+    numeric inputs is exactly this): result scale from ``select_div_scale`` (at least 16
+    significant digits), rounded half away from zero."""
+    num = Fraction(total)
+    w1, d1 = _pg_weight(num) if num else (0, 0)
+    w2, d2 = _pg_weight(Fraction(count))
+    qweight = w1 - w2 - (1 if d1 <= d2 else 0)
+    rscale = max(16 - qweight * 4, _dscale(total), 0)
+    rscale = min(rscale, 1000)
+    q = num / count
+    scaled = abs(q) * 10 ** rscale
+    digits = int(scaled)
+    if scaled - digits >= Fraction(1, 2):
+        digits += 1
+    return Decimal((0 if q >= 0 else 1, tuple(int(c) for c in str(digits)), -rscale))
 
 
 class CountAcc:
@@ -71,7 +111,7 @@ class SumAcc:
             return self.total
         if isinstance(self.total, float):
             return self.total / self.nonnull
-        return Fraction(self.total) / self.nonnull
+        return pg_numeric_div(self.total, self.nonnull)
 
     def snapshot(self) -> Json:
         return [encode_value(self.total), self.nonnull]
@@ -111,6 +151,8 @@ class ValueBuffer:
     def add(self, value: Any, weight: int) -> None:
         if value is None or weight == 0:
             return
+        if isinstance(value, str | bytes) or (isinstance(value, float) and value != value):
+            raise NotMaintainable(f"min/max over {type(value).__name__} is not maintained")
         self.nonnull += weight
         if self.nonnull < 0:
             raise InconsistentDelta("min/max: non-NULL count below zero")

@@ -28,7 +28,7 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from sketches.ivm.codec import Json, decode_ann, decode_row, encode_ann, encode_row
-from sketches.ivm.errors import BufferExhausted, InconsistentDelta
+from sketches.ivm.errors import BufferExhausted, InconsistentDelta, NotMaintainable
 from sketches.ivm.operator import Operator, check_kind
 from sketches.ivm.zset import Ann, Entry, Row, ZSet
 
@@ -77,9 +77,13 @@ class _Desc:
 
 
 def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
+    """The sort key of ``row``. Only types whose Python order is PostgreSQL's are accepted
+    (numbers, dates, times, booleans): text order depends on the collation."""
     parts: list[object] = []
     for item in order:
         v = row[item.col]
+        if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
+            raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
         if v is None:
             parts.append((0 if item.nulls_go_first else 2, 0))
         else:

@@ -1,0 +1,171 @@
+"""Reading deltas from the audit tables of ``pg_extensions/002_audit.sql`` (DESIGN §5–6).
+
+The delta of table T since version ``V`` (a ``pg_snapshot``) is the set of audit rows whose
+transaction is *not* visible in V, read in the caller's current snapshot S; the new version is
+``pg_current_snapshot()`` of that same snapshot. This is exact under concurrency, where
+sequence or xid order is not commit order. It requires ``V ⊆ S`` (every transaction visible in
+V is visible in S): otherwise rows would have to be *subtracted* that S cannot even see, and
+:class:`VersionAhead` is raised (the caller recaptures or uses an older state).
+
+All functions take a psycopg connection that is already inside the right transaction: REPEATABLE
+READ or SERIALIZABLE (one snapshot for every statement), e.g. the client's exported snapshot.
+
+Fragment ids are computed in SQL (``coalesce(width_bucket(a, bounds::type[]), n + 1)``, see
+:class:`sketches.ranges.RangePartition`), and filters are pushed into the fetch, so Python never
+has to reproduce PostgreSQL's comparison semantics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger(__name__)
+
+
+class DeltaError(Exception):
+    """Base class of delta-reading errors."""
+
+
+class NotTracked(DeltaError):
+    """The table has no audit table visible in this snapshot: call ``imp.track_table`` in a
+    transaction that commits before the snapshot used to build the state."""
+
+
+class SnapshotRequired(DeltaError):
+    """The connection is not inside a REPEATABLE READ / SERIALIZABLE transaction."""
+
+
+class OwnWrites(DeltaError):
+    """The current transaction itself wrote audit rows of the table: its changes are not
+    committed, so no sketch version can include them (DESIGN §5: pass the query through)."""
+
+
+class VersionAhead(DeltaError):
+    """The state's version sees a transaction the current snapshot does not (V ⊄ S)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A parsed ``pg_snapshot`` (``xmin:xmax:xip,…``)."""
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> Snapshot:
+        try:
+            xmin, xmax, xip = text.split(":")
+            return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
+        except ValueError as exc:
+            raise ValueError(f"not a pg_snapshot: {text!r}") from exc
+
+    def visible(self, xid: int) -> bool:
+        """``pg_visible_in_snapshot`` for a completed transaction id."""
+        return xid < self.xmin or (xid < self.xmax and xid not in self.xip)
+
+    def within(self, other: Snapshot) -> bool:
+        """True when every xid visible here is visible in ``other`` (``self ⊆ other``)."""
+        # an xid visible here but not in ``other`` is in other.xip or in [other.xmax, xmax)
+        candidates = set(other.xip) | set(range(other.xmax, self.xmax))
+        return all(not self.visible(x) or other.visible(x) for x in candidates)
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """A tracked table as this snapshot sees it."""
+
+    relid: int
+    audit_table: str
+    epoch: int
+
+
+def require_snapshot(conn: psycopg.Connection[Any]) -> str:
+    """The current transaction's snapshot; raises :class:`SnapshotRequired` if statements of
+    this transaction may see different snapshots."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        raise SnapshotRequired("deltas must be read inside an open transaction")
+    row = conn.execute("SELECT pg_current_snapshot()::text,"
+                       " current_setting('transaction_isolation')").fetchone()
+    assert row is not None
+    if row[1] not in ("repeatable read", "serializable"):
+        raise SnapshotRequired(f"isolation level {row[1]!r}: needs REPEATABLE READ")
+    return str(row[0])
+
+
+def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
+    """Audit table and epoch of ``table`` (regclass text, resolved via search_path, or oid)."""
+    if isinstance(table, int):
+        query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
+                        " WHERE relid = {}::oid").format(sql.Literal(table))
+    else:
+        query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
+                        " WHERE relid = to_regclass({})::oid").format(sql.Literal(table))
+    try:
+        row = conn.execute(query).fetchone()
+    except psycopg.errors.UndefinedTable as exc:
+        raise NotTracked("schema imp is not installed") from exc
+    if row is None:
+        raise NotTracked(f"{table} is not tracked in this snapshot")
+    return TableInfo(int(row[0]), str(row[1]), int(row[2]))
+
+
+def ensure_tracked(conn: psycopg.Connection[Any], table: str) -> TableInfo:
+    """Starts tracking ``table`` (``imp.track_table``). Run it in its own transaction and
+    commit before taking the snapshot that builds state: only then does that snapshot see
+    every write the triggers missed (CREATE TRIGGER waits for the table's running writers)."""
+    conn.execute("SELECT imp.track_table(to_regclass(%s))", (table,))
+    return table_info(conn, table)
+
+
+def audit_source(info: TableInfo) -> sql.Composable:
+    """The audit table as a FROM item (its name is built by imp.track_table, already quoted)."""
+    schema, _, name = info.audit_table.partition(".")
+    return sql.Identifier(schema, name.strip('"'))
+
+
+def check_own_writes(conn: psycopg.Connection[Any], info: TableInfo) -> None:
+    row = conn.execute(sql.SQL(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE _xid = pg_current_xact_id_if_assigned())")
+        .format(audit_source(info))).fetchone()
+    if row is not None and row[0]:
+        raise OwnWrites(f"this transaction wrote to table {info.relid}")
+
+
+def delta_filter(alias: str, since: str) -> sql.Composable:
+    """``NOT pg_visible_in_snapshot(alias._xid, since)``, with an index-friendly lower bound."""
+    v = sql.SQL("{}::pg_snapshot").format(sql.Literal(since))
+    xid = sql.Identifier(alias, "_xid")
+    return sql.SQL("({xid} >= pg_snapshot_xmin({v}) AND NOT pg_visible_in_snapshot({xid}, {v}))"
+                   ).format(xid=xid, v=v)
+
+
+def fetch(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
+          columns: Sequence[sql.Composable], since: str,
+          where: Sequence[sql.Composable] = ()) -> list[tuple[Any, ...]]:
+    """The delta rows of one table since ``since``: ``(*columns, _mult)``.
+
+    ``columns`` and ``where`` are SQL expressions over ``alias`` (the audit table carries the
+    base table's column names and types, so expressions written for the base table work as
+    they are — including a fragment id ``RangePartition.fragment_sql``). ``where`` is the
+    pushed-down selection. The caller checks ``V ⊆ S`` (:meth:`Snapshot.within`)."""
+    cond = sql.SQL(" AND ").join([delta_filter(alias, since), *where])
+    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}").format(
+        cols=sql.SQL(", ").join([*columns, sql.Identifier(alias, "_mult")]),
+        audit=audit_source(info), alias=sql.Identifier(alias), cond=cond)
+    rows = conn.execute(query).fetchall()
+    log.debug("table %s: %d delta rows since %s", info.relid, len(rows), since)
+    return rows
+
+
+def pending(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> int:
+    """Number of audit rows not covered by ``since`` (for batch-size trigger policies)."""
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} AS d WHERE {}").format(
+        audit_source(info), delta_filter("d", since))).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,202 @@
+"""Reading the SQL text of analysed expressions without pglast (only ``sketches.sql`` imports
+it): binding ``$n`` parameters as literals, and parsing HAVING / ORDER BY expressions over
+aggregate results into :mod:`sketches.ivm.expr` trees.
+
+The texts come from ``QueryAnalysis`` (printed by pglast, so normalised). The parser accepts
+only: the texts of the query's aggregate calls and GROUP BY expressions (matched verbatim, as
+the analyser printed them), numeric and string constants, ``$n``, NULL/TRUE/FALSE, ``+ - *``,
+comparisons, AND/OR/NOT, IS [NOT] NULL, parentheses and casts of constants to numeric types.
+Anything else raises :class:`NotMaintainable`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+
+from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.expr import And, Arith, Cmp, Const, Expr, IsNull, Not, Or
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<string>[Ee]?'(?:[^']|'')*')
+  | (?P<qident>"(?:[^"]|"")*")
+  | (?P<dollar>\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*)?\$)
+  | (?P<param>\$[0-9]+)
+  | (?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)
+  | (?P<word>[A-Za-z_][A-Za-z_0-9$]*)
+  | (?P<op>::|<=|>=|<>|!=|\|\||[-+*/%<>=(),.\[\];:^~!@#&|`?])
+""", re.VERBOSE)
+
+_CASTS: dict[str, Callable[[object], object]] = {
+    "numeric": lambda v: Decimal(str(v)), "decimal": lambda v: Decimal(str(v)),
+    "int": lambda v: int(str(v)), "integer": lambda v: int(str(v)),
+    "int4": lambda v: int(str(v)), "int8": lambda v: int(str(v)),
+    "bigint": lambda v: int(str(v)), "smallint": lambda v: int(str(v)),
+    "int2": lambda v: int(str(v)),
+}
+
+
+def tokens(text: str) -> list[tuple[str, str, int]]:
+    """``(kind, text, offset)`` tokens; whitespace dropped; dollar-quoted strings rejected."""
+    out: list[tuple[str, str, int]] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise NotMaintainable(f"cannot tokenize SQL at {text[pos:pos + 20]!r}")
+        kind = m.lastgroup or ""
+        if kind == "tag":
+            kind = "dollar"
+        if kind == "dollar":
+            raise NotMaintainable("dollar-quoted strings are not supported")
+        if kind != "ws":
+            out.append((kind, m.group(), pos))
+        pos = m.end()
+    return out
+
+
+def bind_params(text: str, params: Sequence[object] | None,
+                literal: Callable[[object], str]) -> str:
+    """``text`` with every ``$n`` (outside quotes) replaced by ``literal(params[n-1])``."""
+    parts: list[str] = []
+    last = 0
+    for kind, tok, pos in tokens(text):
+        if kind != "param":
+            continue
+        n = int(tok[1:])
+        if params is None or n > len(params):
+            raise NotMaintainable(f"parameter {tok} has no value")
+        parts.append(text[last:pos])
+        parts.append(literal(params[n - 1]))
+        last = pos + len(tok)
+    parts.append(text[last:])
+    return "".join(parts)
+
+
+class _Parser:
+    def __init__(self, text: str, leaves: Sequence[tuple[str, Expr]],
+                 params: Sequence[object] | None) -> None:
+        self.text = text
+        self.toks = tokens(text)
+        self.i = 0
+        self.params = params
+        # leaves as token sequences, longest first
+        self.leaves = sorted(((tuple(t[1] for t in tokens(s)), e) for s, e in leaves),
+                             key=lambda le: -len(le[0]))
+
+    def peek(self, k: int = 0) -> str | None:
+        j = self.i + k
+        return self.toks[j][1] if j < len(self.toks) else None
+
+    def peek_upper(self) -> str:
+        tok = self.peek()
+        return tok.upper() if tok is not None else ""
+
+    def take(self, expected: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (expected is not None and tok.upper() != expected):
+            raise NotMaintainable(f"expected {expected or 'a token'} in {self.text!r}")
+        self.i += 1
+        return tok
+
+    def parse(self) -> Expr:
+        e = self.or_()
+        if self.peek() is not None:
+            raise NotMaintainable(f"unsupported SQL near {self.peek()!r} in {self.text!r}")
+        return e
+
+    def or_(self) -> Expr:
+        args = [self.and_()]
+        while self.peek_upper() == "OR":
+            self.take()
+            args.append(self.and_())
+        return args[0] if len(args) == 1 else Or(tuple(args))
+
+    def and_(self) -> Expr:
+        args = [self.not_()]
+        while self.peek_upper() == "AND":
+            self.take()
+            args.append(self.not_())
+        return args[0] if len(args) == 1 else And(tuple(args))
+
+    def not_(self) -> Expr:
+        if self.peek_upper() == "NOT":
+            self.take()
+            return Not(self.not_())
+        return self.comparison()
+
+    def comparison(self) -> Expr:
+        left = self.additive()
+        op = self.peek()
+        if op in ("=", "<>", "!=", "<", "<=", ">", ">="):
+            self.take()
+            return Cmp(op, left, self.additive())
+        if self.peek_upper() == "IS":
+            self.take()
+            negated = False
+            if self.peek_upper() == "NOT":
+                self.take()
+                negated = True
+            self.take("NULL")
+            return IsNull(left, negated)
+        return left
+
+    def additive(self) -> Expr:
+        e = self.term()
+        while self.peek() in ("+", "-"):
+            e = Arith(self.take(), e, self.term())
+        return e
+
+    def term(self) -> Expr:
+        e = self.unary()
+        while self.peek() == "*":
+            e = Arith(self.take(), e, self.unary())
+        if self.peek() in ("/", "%"):
+            raise NotMaintainable("division is not evaluated in Python")
+        return e
+
+    def unary(self) -> Expr:
+        if self.peek() == "-":
+            self.take()
+            return Arith("-", Const(0), self.unary())
+        e = self.primary()
+        while self.peek() == "::":
+            self.take()
+            typ = self.take().lower()
+            if not isinstance(e, Const) or typ not in _CASTS:
+                raise NotMaintainable(f"cast to {typ} is not evaluated in Python")
+            e = Const(None if e.value is None else _CASTS[typ](e.value))
+        return e
+
+    def primary(self) -> Expr:
+        for seq, leaf in self.leaves:
+            if tuple(self.peek(k) for k in range(len(seq))) == seq:
+                self.i += len(seq)
+                return leaf
+        kind = self.toks[self.i][0] if self.i < len(self.toks) else ""
+        tok = self.take()
+        if tok == "(":
+            e = self.or_()
+            self.take(")")
+            return e
+        if kind == "number":
+            return Const(Decimal(tok) if any(c in tok for c in ".eE") else int(tok))
+        if kind == "string" and not tok.startswith(("E", "e")):
+            return Const(tok[1:-1].replace("''", "'"))
+        if kind == "param":
+            n = int(tok[1:])
+            if self.params is None or n > len(self.params):
+                raise NotMaintainable(f"parameter {tok} has no value")
+            return Const(self.params[n - 1])
+        if tok.upper() in ("NULL", "TRUE", "FALSE"):
+            return Const({"NULL": None, "TRUE": True, "FALSE": False}[tok.upper()])
+        raise NotMaintainable(f"cannot evaluate {tok!r} of {self.text!r} in Python")
+
+
+def parse_expression(text: str, leaves: Sequence[tuple[str, Expr]],
+                     params: Sequence[object] | None = None) -> Expr:
+    """Parses ``text`` into an :data:`Expr`; ``leaves`` maps SQL texts (aggregate calls, GROUP
+    BY expressions) to the expressions standing for them (usually output columns)."""
+    return _Parser(text, leaves, params).parse()
