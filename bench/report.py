@@ -113,6 +113,22 @@ def maintenance_seconds(run: dict[str, Any]) -> float | None:
     return total if found else None
 
 
+#: IMP SHOW STATS keys shown in the summary (whatever of them the proxy reports)
+STAT_KEYS = ("captures", "uses", "maintenances", "invalidated", "passthrough", "errors",
+             "proxy.captured", "proxy.used", "proxy.passthrough", "proxy.fallbacks")
+
+
+def stat_counters(run: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k in STAT_KEYS:
+        v = run.get("proxy_stats", {}).get(k)
+        try:
+            out[k] = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 def _by_combo(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in doc["runs"]:
@@ -164,7 +180,9 @@ def summary_markdown(doc: dict[str, Any]) -> str:
             continue
         combo = by[r["combo"]]
         ms = maintenance_seconds(r)
-        counters = {k: v for k, v in r.get("counters", {}).items() if k != "sketches"}
+        counters = {f"sk.{k}": v for k, v in r.get("counters", {}).items()
+                    if k != "sketches"}
+        counters.update(stat_counters(r))
         lines.append(
             f"| {r['combo']} | {r['system']} | {_fmt_s(r['total_s'])} | {_fmt_s(r['query_s'])} | "
             f"{_fmt_s(r['update_s'])} | {_speedup(combo.get('NS'), r)} | "

@@ -30,6 +30,10 @@ from imp_proxy.embedded import LocalPostgres
 log = logging.getLogger(__name__)
 
 MAX_MISMATCH_DETAILS = 50
+#: columns of IMP SHOW SKETCHES that are not additive counters
+NOT_COUNTERS = frozenset({"id", "sketch_id", "fragments", "selected_fragments", "version",
+                          "coverage", "template", "tables", "attributes", "strategy",
+                          "last_used"})
 
 
 @dataclass(slots=True)
@@ -67,6 +71,7 @@ class RunResult:
     counters: dict[str, float] = field(default_factory=dict)
     sketches: list[dict[str, Any]] = field(default_factory=list)
     proxy_stats: dict[str, Any] = field(default_factory=dict)
+    configured: str = ""
     error: str = ""
 
     @property
@@ -105,7 +110,7 @@ def sketch_counters(rows: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {"sketches": float(len(rows))}
     for row in rows:
         for k, v in row.items():
-            if isinstance(v, bool) or k in ("id", "sketch_id", "fragments", "version"):
+            if isinstance(v, bool) or k in NOT_COUNTERS:
                 continue
             if isinstance(v, int | float):
                 out[k] = out.get(k, 0.0) + float(v)
@@ -231,6 +236,7 @@ class Bench:
         try:
             with open_endpoint(spec, dsn, self.config.proxy_bin, log_path,
                                self.config.proxy_args) as ep:
+                res.configured = ep.configured
                 t0 = time.perf_counter()
                 for op in ops:
                     self._run_op(ep, res, combo, op)

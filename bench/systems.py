@@ -34,18 +34,43 @@ class ProxyError(RuntimeError):
     """The proxy could not be started, configured or reached."""
 
 
-def admin_statements(spec: SystemSpec) -> list[str]:
-    """The proxy's admin statements that put it into the strategy of ``spec``.
+#: admin statements tried in order for FM; the first the proxy accepts wins
+FM_STATEMENTS = ("IMP SET strategy = full", "IMP SET strategy = recapture")
 
-    Full maintenance is incremental maintenance switched off: a stale sketch is recaptured.
-    """
-    if spec.kind == "fm":
-        return ["IMP SET strategy = full"]
+
+def admin_statements(spec: SystemSpec) -> list[str]:
+    """The proxy's admin statements that put it into the incremental strategy of ``spec``."""
     if spec.kind == "lazy":
         return ["IMP SET strategy = lazy"]
     if spec.kind == "eager":
         return ["IMP SET strategy = eager", f"IMP SET batch_size = {int(spec.batch or 1)}"]
     return []
+
+
+def configure(conn: Conn, spec: SystemSpec) -> str:
+    """Puts the proxy behind ``conn`` into ``spec``'s strategy; returns how (for the record).
+
+    Full maintenance = a stale sketch is recaptured from scratch. If the proxy has no setting
+    for it, its default maintenance must say so in ``IMP SHOW STATS`` (``maintenance`` =
+    ``recapture-on-change``), otherwise the run fails rather than measure the wrong thing.
+    """
+    if spec.kind == "fm":
+        for stmt in FM_STATEMENTS:
+            try:
+                execute(conn, stmt)
+                return stmt
+            except (psycopg.errors.UndefinedObject, psycopg.errors.InvalidParameterValue,
+                    psycopg.errors.SyntaxError):
+                continue
+        maint = str(show_stats(conn).get("maintenance", ""))
+        if "recapture" not in maint:
+            raise ProxyError(f"the proxy offers no full-maintenance setting and its default "
+                             f"maintenance is {maint!r}")
+        return f"default maintenance {maint}"
+    stmts = admin_statements(spec)
+    for stmt in stmts:
+        execute(conn, stmt)
+    return "; ".join(stmts)
 
 
 def execute(conn: Conn, text: str) -> psycopg.Cursor[tuple[Any, ...]]:
@@ -142,6 +167,7 @@ class Endpoint:
     conn: Conn
     direct: Conn
     proxy: ProxyProcess | None = None
+    configured: str = ""
 
     def sketches(self) -> list[dict[str, Any]]:
         if self.proxy is None:
@@ -168,9 +194,9 @@ def open_endpoint(spec: SystemSpec, db_dsn: str, proxy_bin: str, log_path: Path,
         proxy.start()
         conn = _connect_retry(proxy.dsn(db_dsn))
         try:
-            for stmt in admin_statements(spec):
-                execute(conn, stmt)
-            yield Endpoint(spec, conn, direct, proxy)
+            how = configure(conn, spec)
+            log.info("%s configured: %s", spec.name, how)
+            yield Endpoint(spec, conn, direct, proxy, how)
         finally:
             conn.close()
     finally:
