@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.config import RATIOS, SCALES, Combo, RunConfig, SystemSpec
+from bench.workload import QUERY_WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sweep-systems", type=_csv, help="systems of the batch-size sweep")
     r.add_argument("--sweep-combos", type=_csv, help="combos of the sweep, e.g. 1U1Q-d20")
     r.add_argument("--no-sweep", action="store_true", help="skip the batch-size sweep")
+    r.add_argument("--templates", type=_csv,
+                   help="query templates of the mix: having, join, topk, tpch-topk")
     r.add_argument("--tpch-sf", type=float, help="TPC-H scale factor (0: no TPC-H)")
     r.add_argument("--proxy-bin", default=str(ROOT / ".venv" / "bin" / "imp-proxy"))
     r.add_argument("--proxy-arg", action="append", default=[],
@@ -89,6 +92,11 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         sc = replace(sc, sweep_combos=tuple(combos))
     if a.no_sweep:
         sc = replace(sc, sweep_combos=(), sweep_systems=())
+    if a.templates:
+        bad = [t for t in a.templates if t not in QUERY_WEIGHTS]
+        if bad:
+            raise SystemExit(f"unknown template(s) {bad}; use {list(QUERY_WEIGHTS)}")
+        sc = replace(sc, templates=tuple(a.templates))
     if a.tpch_sf is not None:
         sc = replace(sc, tpch_sf=a.tpch_sf)
     name = a.run_name or f"{a.scale}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"

@@ -82,6 +82,8 @@ class Scale:
     sweep_combos: tuple[Combo, ...] = ()
     sweep_systems: tuple[SystemSpec, ...] = ()
     tpch_sf: float = 0.0  # 0 = no TPC-H data
+    #: query templates of the mix (bench.workload.QUERY_WEIGHTS); tpch-topk needs TPC-H data
+    templates: tuple[str, ...] = ("having", "join", "topk")
     fragments: int = 100  # sketch fragments the proxy is asked for (when it takes the setting)
 
     def combos(self) -> list[Combo]:
@@ -95,21 +97,19 @@ SCALES: dict[str, Scale] = {
         name="small", rows=20_000, groups=200, ops=40,
         ratios=("1U1Q", "5U1Q"), deltas=(1, 200),
         systems=(SystemSpec("ns"), SystemSpec("fm"), SystemSpec("lazy"), SystemSpec("eager", 10)),
-        tpch_sf=0.01,
+        tpch_sf=0.01, templates=("having", "join", "topk", "tpch-topk"),
     ),
     "medium": Scale(
         name="medium", rows=200_000, groups=1000, ops=300,
         ratios=tuple(RATIOS), deltas=DELTAS, systems=_MAIN,
         sweep_combos=(Combo("1U1Q", 20),),
         sweep_systems=tuple(SystemSpec("eager", b) for b in EAGER_BATCHES),
-        tpch_sf=0.05,
     ),
     "full": Scale(
         name="full", rows=1_000_000, groups=1000, ops=1000,
         ratios=tuple(RATIOS), deltas=DELTAS, systems=_MAIN,
         sweep_combos=(Combo("1U1Q", 20), Combo("5U1Q", 20)),
         sweep_systems=tuple(SystemSpec("eager", b) for b in EAGER_BATCHES),
-        tpch_sf=0.1,
     ),
 }
 

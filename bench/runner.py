@@ -202,7 +202,7 @@ class Bench:
 
     def _run_cells(self, admin: str, template: str, stats: DataStats) -> list[RunResult]:
         cells = self.plan()
-        gen = WorkloadGenerator(stats, self.config.seed)
+        gen = WorkloadGenerator(stats, self.config.seed, self.config.scale.templates)
         workloads: dict[Combo, list[Op]] = {}
         for combo, _, _ in cells:
             if combo not in workloads:

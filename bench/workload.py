@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 HAVING_QUANTILES = (0.99, 0.98, 0.95, 0.90)
 TOPK_KS = (5, 10, 20)
 JOIN_REGION_LIMIT = 5
-QUERY_WEIGHTS = {"having": 0.45, "join": 0.25, "topk": 0.2, "tpch-topk": 0.1}
+QUERY_WEIGHTS = {"having": 0.5, "join": 0.25, "topk": 0.25, "tpch-topk": 0.1}
 UPDATE_KINDS = ("insert", "delete", "update")
 
 
