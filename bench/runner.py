@@ -66,6 +66,9 @@ class RunResult:
     update_s: float = 0.0
     wall_s: float = 0.0
     checked: int = 0
+    #: queries right after an update: they pay lazy maintenance / FM recapture
+    after_update_n: int = 0
+    after_update_s: float = 0.0
     mismatches: int = 0
     errors: int = 0
     counters: dict[str, float] = field(default_factory=dict)
@@ -169,6 +172,7 @@ class Bench:
         self.tag = uuid.uuid4().hex[:8]
         self.ops: list[OpResult] = []
         self.mismatch_details: list[dict[str, Any]] = []
+        self._prev_kind = ""
 
     def plan(self) -> list[tuple[Combo, SystemSpec, bool]]:
         sc = self.config.scale
@@ -232,6 +236,7 @@ class Bench:
     def _run_one(self, dsn: str, combo: Combo, spec: SystemSpec, sweep: bool, ops: list[Op],
                  advance: Any) -> RunResult:
         res = RunResult(spec.name, combo.label, combo.ratio, combo.delta, sweep)
+        self._prev_kind = ""
         log_path = self.out_dir / "logs" / f"{combo.label}-{spec.name}.log"
         try:
             with open_endpoint(spec, dsn, self.config.proxy_bin, log_path,
@@ -273,6 +278,9 @@ class Bench:
         if op.kind == "query":
             res.n_queries += 1
             res.query_s += secs
+            if self._prev_kind == "update":
+                res.after_update_n += 1
+                res.after_update_s += secs
             if self.config.check and ep.proxy is not None:
                 want = execute(ep.direct, op.sql).fetchall()
                 cmp = compare(rows, want, op.ordered) if not error else None
@@ -288,5 +296,6 @@ class Bench:
         else:
             res.n_updates += 1
             res.update_s += secs
+        self._prev_kind = op.kind
         self.ops.append(OpResult(res.system, combo.label, combo.ratio, combo.delta, op.index,
                                  op.kind, op.template, secs, nrows, match, error))
