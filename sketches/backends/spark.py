@@ -255,9 +255,11 @@ class SparkBackend:
 
     name = "spark"
 
-    def __init__(self, runtime: SparkRuntime) -> None:
+    def __init__(self, runtime: SparkRuntime, settings: SparkSettings | None = None) -> None:
+        """``settings`` overrides the runtime's job settings (JDBC URL, partitions); the
+        session-level ones (master, ``spark.*``) are the runtime's."""
         self.runtime = runtime
-        self.settings = runtime.settings
+        self.settings = settings or runtime.settings
 
     # -- public operations --------------------------------------------------------------
 
