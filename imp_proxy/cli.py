@@ -1,0 +1,234 @@
+"""``imp-proxy`` command line: ``serve``, ``install``, ``demo``.
+
+Configuration precedence: flags > environment (IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG) > TOML
+config file > defaults (see imp_proxy.config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, ProxyConfig, load_config
+from .embedded import EmbeddedPostgresError, LocalPostgres
+from .router import SketchHook
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="imp-proxy",
+        description="PostgreSQL wire-compatible proxy that answers analytical SELECTs through "
+                    "provenance sketches (IMP).",
+        epilog="Environment: IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG. Flags win over the "
+               "environment, which wins over the TOML config file.")
+    parser.add_argument("--log-level", default="INFO",
+                        help="logging level: DEBUG, INFO, WARNING, ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the proxy",
+                           description="Listen for PostgreSQL clients and relay them to the "
+                                       "upstream server. Without an upstream, an embedded "
+                                       "local PostgreSQL under --data-dir is started (and "
+                                       "reused on the next run).")
+    serve.add_argument("--listen", metavar="HOST:PORT",
+                       help="address to listen on (default 127.0.0.1:6432; env IMP_LISTEN)")
+    serve.add_argument("--upstream", metavar="DSN",
+                       help="PostgreSQL to relay to, e.g. postgresql://user@host:5432/db; its "
+                            "host/port receive the clients, its user/password are used for "
+                            "the proxy's service connections (env IMP_UPSTREAM)")
+    serve.add_argument("--config", metavar="FILE",
+                       help="TOML config file (env IMP_CONFIG)")
+    serve.add_argument("--data-dir", metavar="DIR",
+                       help="where the embedded PostgreSQL lives "
+                            "(default ~/.local/share/imp-proxy)")
+    serve.add_argument("--tls-cert", metavar="FILE",
+                       help="certificate (PEM) for TLS with clients; needs --tls-key")
+    serve.add_argument("--tls-key", metavar="FILE", help="private key (PEM) for --tls-cert")
+    serve.add_argument("--max-message-size", type=int, metavar="BYTES",
+                       help="largest client message accepted (default 1 GiB - 2, "
+                            "PostgreSQL's own limit)")
+    serve.add_argument("--no-sketches", dest="sketches", action="store_const", const=False,
+                       default=None,
+                       help="relay only: never route queries through the sketch library")
+    serve.add_argument("--hook", metavar="MODULE:CALLABLE",
+                       help="factory returning the sketch hook (default: "
+                            "sketches.manager.SketchManager when importable)")
+    serve.add_argument("--service-pool-size", type=int, metavar="N",
+                       help="service connections per database (default 4)")
+    serve.add_argument("--decision-cache-size", type=int, metavar="N",
+                       help="route decisions cached per query text (default 10000)")
+    serve.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                       help="timeout for upstream connections (default 10)")
+
+    install = sub.add_parser("install", help="install the pg_extensions SQL into a database",
+                             description="Apply pg_extensions (schema imp) to a database, "
+                                         "idempotently.")
+    install.add_argument("--upstream", metavar="DSN",
+                         help="database to install into (env IMP_UPSTREAM; default: the "
+                              "embedded PostgreSQL)")
+    install.add_argument("--config", metavar="FILE", help="TOML config file (env IMP_CONFIG)")
+    install.add_argument("--data-dir", metavar="DIR", help="embedded PostgreSQL location")
+
+    demo = sub.add_parser("demo", help="start a throwaway PostgreSQL and the proxy, run a few "
+                                       "queries through it")
+    demo.add_argument("--keep-running", action="store_true",
+                      help="keep the demo proxy running until Ctrl-C")
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("listen", "upstream", "config", "data_dir", "tls_cert", "tls_key",
+            "max_message_size", "sketches", "service_pool_size", "decision_cache_size",
+            "connect_timeout")
+    return {k: getattr(args, k, None) for k in keys}
+
+
+def load_hook(spec: str | None) -> SketchHook | None:
+    """The sketch hook: ``MODULE:CALLABLE`` or SketchManager when the library is present."""
+    if spec:
+        module, _, attr = spec.partition(":")
+        factory = getattr(importlib.import_module(module), attr or "create_hook")
+        hook: SketchHook = factory()
+        return hook
+    try:
+        manager_mod = importlib.import_module("sketches.manager")
+    except ImportError as exc:
+        log.warning("sketch library not available (%s): relaying only", exc)
+        return None
+    settings_cls = getattr(manager_mod, "SketchSettings", None)
+    manager: SketchHook = manager_mod.SketchManager(settings_cls() if settings_cls else None)
+    return manager
+
+
+def _postmaster_port(datadir: Path) -> int | None:
+    """The port of a postmaster already running on ``datadir`` (None if none is)."""
+    pidfile = datadir / "postmaster.pid"
+    try:
+        lines = pidfile.read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return port
+
+
+@contextlib.contextmanager
+def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
+    """``cfg`` unchanged when it names an upstream; else one with the embedded cluster's DSN
+    (started now and stopped on exit, or reused when already running)."""
+    if cfg.upstream is not None:
+        yield cfg
+        return
+    datadir = cfg.data_dir / "pg" / "data"
+    port = _postmaster_port(datadir)
+    if port is not None:
+        log.info("reusing the embedded PostgreSQL on port %d (%s)", port, datadir)
+        yield cfg.with_upstream(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        return
+    pg = LocalPostgres(datadir=datadir, throwaway=False)
+    log.info("starting the embedded PostgreSQL in %s on port %d", datadir, pg.port)
+    pg.start()
+    try:
+        yield cfg.with_upstream(pg.dsn())
+    finally:
+        pg.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import ProxyServer, ProxyStartError, new_event_loop
+
+    cfg = load_config(_flags(args))
+    hook = load_hook(args.hook) if cfg.sketches else None
+    with upstream_or_embedded(cfg) as cfg:
+        loop = new_event_loop()
+        asyncio.set_event_loop(loop)
+        server = ProxyServer(cfg, hook)
+        try:
+            loop.run_until_complete(server.start())
+        except ProxyStartError as exc:
+            print(f"imp-proxy: {exc}", file=sys.stderr)
+            return 2
+        print(f"imp-proxy listening on {cfg.listen_host}:{server.port}", file=sys.stderr,
+              flush=True)
+        task = loop.create_task(server.serve_forever())
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task)
+        loop.run_until_complete(server.close())
+        loop.close()
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    import psycopg
+
+    import pg_extensions
+
+    cfg = load_config(_flags(args))
+    with upstream_or_embedded(cfg) as cfg, psycopg.connect(str(cfg.upstream)) as conn:
+        applied = pg_extensions.install(conn)
+    print("applied: " + (", ".join(applied) if applied else "nothing (already up to date)"))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Placeholder demo: a throwaway cluster, the proxy in front of it, a few queries."""
+    import psycopg
+
+    from .server import running_proxy
+
+    with LocalPostgres.throwaway_cluster() as pg:
+        cfg = ProxyConfig(listen_port=0, upstream=pg.dsn())
+        with running_proxy(cfg, load_hook(None)) as proxy:
+            dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+            print(f"proxy on 127.0.0.1:{proxy.port} -> PostgreSQL on 127.0.0.1:{pg.port}")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE demo (g int, v int)")
+                conn.execute("INSERT INTO demo SELECT g % 100, g FROM generate_series(1, 10000) g")
+                sql = "SELECT g, sum(v) FROM demo GROUP BY g HAVING sum(v) > 500000 ORDER BY g"
+                rows = conn.execute(sql).fetchall()
+                print(f"{sql}\n  -> {len(rows)} groups, first {rows[:3]}")
+                for key, value in conn.execute(f"IMP EXPLAIN {sql}").fetchall():
+                    print(f"  {key}: {value}")
+                for key, value in conn.execute("IMP SHOW STATS").fetchall():
+                    print(f"  {key}: {value}")
+            if args.keep_running:
+                print(f"psql -h 127.0.0.1 -p {proxy.port} -U postgres   (Ctrl-C to stop)")
+                with contextlib.suppress(KeyboardInterrupt):
+                    signal.pause()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "install":
+            return cmd_install(args)
+        return cmd_demo(args)
+    except ConfigError as exc:
+        print(f"imp-proxy: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except EmbeddedPostgresError as exc:
+        print(f"imp-proxy: embedded PostgreSQL failed: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

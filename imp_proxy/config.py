@@ -1,0 +1,163 @@
+"""Proxy configuration: frozen dataclasses, resolved as flags > environment > TOML file > defaults.
+
+Environment: ``IMP_LISTEN`` (host:port), ``IMP_UPSTREAM`` (a libpq URI/conninfo), ``IMP_CONFIG``
+(path of the TOML file). TOML keys (all optional)::
+
+    listen = "127.0.0.1:6432"
+    upstream = "postgresql://postgres@127.0.0.1:5432/postgres"
+    data_dir = "~/.local/share/imp-proxy"
+    max_message_size = 1073741822
+    sketches = true             # route sketchable SELECTs through the sketch hook
+    service_pool_size = 4       # service connections per database
+    decision_cache_size = 10000 # route decisions cached per query text
+    connect_timeout = 10.0
+    [tls]
+    cert = "/path/server.crt"
+    key = "/path/server.key"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .protocol.framing import DEFAULT_MAX_MESSAGE
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or inconsistent."""
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/imp-proxy`` or ``~/.local/share/imp-proxy``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "imp-proxy"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces of 127.0.0.1 by default)."""
+    value = value.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port_s = rest.lstrip(":")
+    else:
+        host, sep, port_s = value.rpartition(":")
+        if not sep:
+            raise ConfigError(f"listen address {value!r} is not host:port")
+    try:
+        port = int(port_s)
+    except ValueError as exc:
+        raise ConfigError(f"invalid port in listen address {value!r}") from exc
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port out of range in listen address {value!r}")
+    return host or "127.0.0.1", port
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 6432
+    upstream: str | None = None          # None: embedded local PostgreSQL under data_dir
+    tls: TlsConfig | None = None
+    data_dir: Path = field(default_factory=default_data_dir)
+    max_message_size: int = DEFAULT_MAX_MESSAGE
+    sketches: bool = True
+    service_pool_size: int = 4
+    decision_cache_size: int = 10000
+    connect_timeout: float = 10.0
+
+    @property
+    def listen(self) -> str:
+        return f"{self.listen_host}:{self.listen_port}"
+
+    def with_upstream(self, dsn: str) -> ProxyConfig:
+        return replace(self, upstream=dsn)
+
+
+_SIMPLE_KEYS = {f.name for f in fields(ProxyConfig)} - {"listen_host", "listen_port", "tls"}
+
+
+def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyConfig:
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "listen":
+            changes["listen_host"], changes["listen_port"] = parse_listen(str(value))
+        elif key == "tls":
+            if not isinstance(value, Mapping) or not {"cert", "key"} <= set(value):
+                raise ConfigError(f"{origin}: [tls] needs both cert and key")
+            changes["tls"] = TlsConfig(Path(value["cert"]).expanduser(),
+                                       Path(value["key"]).expanduser())
+        elif key in ("tls_cert", "tls_key"):
+            continue  # combined below
+        elif key in _SIMPLE_KEYS:
+            changes[key] = _coerce(key, value, origin)
+        else:
+            raise ConfigError(f"{origin}: unknown setting {key!r}")
+    cert, key_ = values.get("tls_cert"), values.get("tls_key")
+    if cert is not None or key_ is not None:
+        if cert is None or key_ is None:
+            raise ConfigError(f"{origin}: TLS needs both a certificate and a key")
+        changes["tls"] = TlsConfig(Path(str(cert)).expanduser(), Path(str(key_)).expanduser())
+    return replace(cfg, **changes)
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    try:
+        if key == "data_dir":
+            return Path(str(value)).expanduser()
+        if key in ("max_message_size", "service_pool_size", "decision_cache_size"):
+            n = int(value)
+            if n <= 0:
+                raise ValueError("must be positive")
+            return n
+        if key == "connect_timeout":
+            return float(value)
+        if key == "sketches":
+            if isinstance(value, bool):
+                return value
+            return _parse_bool(str(value))
+        return str(value)
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: invalid value for {key}: {value!r} ({exc})") from exc
+
+
+def _parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "on", "yes"):
+        return True
+    if t in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                config_file: str | Path | None = None) -> ProxyConfig:
+    """Resolves the configuration: ``flags`` (None values = not given) > ``env`` > file."""
+    flags = dict(flags or {})
+    env = os.environ if env is None else env
+    path = config_file or flags.pop("config", None) or env.get("IMP_CONFIG")
+    flags.pop("config", None)
+    cfg = ProxyConfig()
+    if path:
+        p = Path(str(path)).expanduser()
+        try:
+            data = tomllib.loads(p.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc}") from exc
+        cfg = _apply(cfg, data, str(p))
+    env_values = {"listen": env.get("IMP_LISTEN") or None,
+                  "upstream": env.get("IMP_UPSTREAM") or None}
+    cfg = _apply(cfg, env_values, "environment")
+    return _apply(cfg, flags, "command line")

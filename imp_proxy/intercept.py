@@ -1,0 +1,381 @@
+"""What the proxy does on the client's backend when it intercepts a statement.
+
+* ``wrap_query`` / ``wrap_batch``: the sketch wrapping of docs/INTERFACES.md §2 for a simple
+  Query and for an extended-protocol ``[Parse] Bind [Describe] Execute Sync`` batch;
+* ``run_admin``: the ``IMP …`` statements (``IMP EXPLAIN`` uses the same snapshot steps).
+
+All of this runs while the session holds the client (no other client message is processed),
+and only when the backend was idle (status I, nothing in flight), so every reply up to the
+next ReadyForQuery belongs to the proxy or to the one statement it is wrapping.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
+
+from . import admin
+from .errors import UpstreamError
+from .protocol import codec
+from .protocol._struct import FLOAT4, FLOAT8, INT16, INT32, INT64, unpack_int16_from
+from .protocol.framing import frame_end
+from .protocol.messages import (
+    BINARY_FORMAT,
+    BIND,
+    DATA_ROW,
+    DESCRIBE,
+    ERROR_RESPONSE,
+    EXECUTE,
+    PARAMETER_DESCRIPTION,
+    PARSE,
+    SYNC,
+    Bind,
+    Execute,
+    Parse,
+)
+from .router import PrepareOutcome, ServiceError
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger(__name__)
+
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; "
+                  "SELECT pg_export_snapshot(), current_setting('search_path')")
+PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
+WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
+_T = ord("T")
+
+
+class Fallback(Exception):
+    """The wrapping cannot go on; the client's original messages are sent instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """A ``[Parse] Bind [Describe] Execute Sync`` batch found in the client's bytes."""
+
+    parse: Parse | None
+    bind: Bind
+    execute: Execute
+    sql: str
+    param_types: tuple[int, ...]
+    parse_raw: bytes
+    describe_raw: bytes
+    execute_raw: bytes
+    sync_raw: bytes
+    end: int                # offset after the Sync in the buffer it was found in
+
+
+def batch_shape(data: bytes, pos: int, max_size: int,
+                statements: Mapping[str, tuple[str, tuple[int, ...]]]) -> BatchShape | None:
+    """The batch starting at ``pos`` if it is complete in ``data`` and has the one shape the
+    proxy wraps (one Execute without a row limit, on the portal just bound); else None."""
+    frames: list[tuple[int, int, int]] = []
+    p = pos
+    while len(frames) < 5:
+        e = frame_end(data, p, max_size)
+        if e < 0:
+            return None
+        frames.append((data[p], p, e))
+        p = e
+        if data[frames[-1][1]] == SYNC:
+            break
+    kinds = bytes(f[0] for f in frames)
+    if kinds not in (b"PBDES", b"PBES", b"BDES", b"BES"):
+        return None
+    raw = {k: bytes(data[s:e]) for k, s, e in frames}
+    parse = codec.decode_parse(raw[PARSE]) if PARSE in raw else None
+    bind = codec.decode_bind(raw[BIND])
+    execute = codec.decode_execute(raw[EXECUTE])
+    if execute.max_rows != 0 or execute.portal != bind.portal:
+        return None
+    if parse is not None:
+        if parse.name != bind.statement:
+            return None
+        sql, types = parse.sql, parse.param_types
+    elif bind.statement in statements:
+        sql, types = statements[bind.statement]
+    else:
+        return None
+    if DESCRIBE in raw:
+        d = codec.decode_describe(raw[DESCRIBE])
+        if (d.kind, d.name) not in (("P", bind.portal), ("S", bind.statement)):
+            return None
+    return BatchShape(parse, bind, execute, sql, types, raw.get(PARSE, b""),
+                      raw.get(DESCRIBE, b""), raw[EXECUTE], raw[SYNC], p)
+
+
+# ------------------------------------------------------------------ parameters
+
+_TEXT_INT = {20, 21, 23, 26}
+_TEXT_FLOAT = {700, 701}
+_BINARY = {21: INT16, 23: INT32, 20: INT64, 700: FLOAT4, 701: FLOAT8}
+
+
+def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
+    """Bind parameters as Python values for the library; None when one cannot be decoded
+    (binary format of a type other than int2/int4/int8/float4/float8/bool)."""
+    out: list[object] = []
+    for i, raw in enumerate(bind.params):
+        oid = types[i] if i < len(types) else 0
+        if raw is None:
+            out.append(None)
+            continue
+        if bind.param_format(i) == BINARY_FORMAT:
+            if oid == 16 and len(raw) == 1:
+                out.append(raw != b"\x00")
+            elif oid in _BINARY and len(raw) == _BINARY[oid].size:
+                out.append(_BINARY[oid].unpack(raw)[0])
+            else:
+                return None
+            continue
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            return None
+        try:
+            if oid in _TEXT_INT:
+                out.append(int(text))
+            elif oid in _TEXT_FLOAT:
+                out.append(float(text))
+            elif oid == 1700:
+                out.append(Decimal(text))
+            elif oid == 16:
+                out.append(text.strip().lower() in ("t", "true", "1", "yes", "on", "y"))
+            else:
+                out.append(text)
+        except (ValueError, InvalidOperation):
+            return None
+    return out
+
+
+def _parameter_types(msg: bytes) -> tuple[int, ...]:
+    n = unpack_int16_from(msg, 5)[0]
+    return tuple(struct.unpack_from(f"!{n}I", msg, 7)) if n else ()
+
+
+# ------------------------------------------------------------------ snapshot + prepare
+
+def _first_error(replies: list[tuple[int, bytes]]) -> str | None:
+    for typ, msg in replies:
+        if typ == ERROR_RESPONSE:
+            return codec.decode_error_fields(msg).message
+    return None
+
+
+async def _rollback(s: Session) -> None:
+    await s.exchange_with_upstream(codec.encode_query("ROLLBACK"), 1)
+
+
+async def begin_and_prepare(s: Session, sql: str, bind: Bind | None,
+                            types: tuple[int, ...]) -> tuple[PrepareOutcome, tuple[int, ...]]:
+    """Steps 1–2 of the wrapping. On return the client's backend is inside the proxy's
+    REPEATABLE READ transaction; on Fallback it has been rolled back."""
+    payload = codec.encode_query(BEGIN_SNAPSHOT)
+    ready = 1
+    if bind is not None:
+        payload += (codec.encode_parse(PROBE_STATEMENT, sql, types)
+                    + codec.encode_describe("S", PROBE_STATEMENT)
+                    + codec.encode_close("S", PROBE_STATEMENT) + codec.encode_sync())
+        ready = 2
+    replies = await s.exchange_with_upstream(payload, ready)
+    err = _first_error(replies)
+    rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
+    if err is not None or not rows or rows[0].values[0] is None:
+        await _rollback(s)
+        raise Fallback(f"snapshot export failed: {err}")
+    snapshot = rows[0].values[0].decode()
+    search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
+    params: list[object] | None = None
+    if bind is not None:
+        described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
+        types = _parameter_types(described[0]) if described else types
+        params = decode_params(bind, types)
+        if params is None:
+            await _rollback(s)
+            raise Fallback("a parameter cannot be decoded")
+    try:
+        outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params)
+    except Exception as exc:  # the library or the service connection failed: pass through
+        log.warning("sketch prepare failed, sending the original query: %s", exc)
+        await _rollback(s)
+        raise Fallback(f"prepare failed: {exc}") from exc
+    return outcome, types
+
+
+def _forward_original(s: Session, raw: bytes) -> None:
+    """Sends the client's messages as they were (one Query, or one batch ending in Sync)."""
+    s.router.count("passthrough")
+    s.pending += 1
+    s.batch_open = False
+    assert s.upstream is not None
+    s.upstream.write(raw)
+
+
+async def _finish(s: Session, held: list[tuple[int, bytes]], extra: bytes = b"",
+                  ready: int = 1) -> None:
+    """Step 3's end: COMMIT (or ROLLBACK after an error), swallowed; the client then gets the
+    upstream's own ReadyForQuery of that COMMIT."""
+    status = held[-1][1][5]
+    end = "COMMIT" if status == _T else "ROLLBACK"
+    final = await s.exchange_with_upstream(codec.encode_query(end) + extra, ready)
+    err = _first_error(final)
+    if err is not None:
+        log.warning("%s after a wrapped query failed: %s", end, err)
+    s.client.write(final[-1][1])
+
+
+def _count_outcome(s: Session, outcome: PrepareOutcome) -> None:
+    s.router.count("wrapped")
+    if outcome.decision == "use":
+        s.router.count("used")
+    elif outcome.decision == "capture":
+        s.router.count("captured")
+
+
+async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
+    """A sketchable simple Query (docs/INTERFACES.md §2)."""
+    decision = await s.router.classify(sql)
+    if not decision.candidate or s.scanner.status != ord("I") or not s.idle:
+        _forward_original(s, raw)
+        return
+    s.enter_parse_mode()
+    try:
+        try:
+            outcome, _ = await begin_and_prepare(s, sql, None, ())
+        except Fallback as exc:
+            log.debug("fallback: %s", exc)
+            s.router.count("fallbacks")
+            _forward_original(s, raw)
+            return
+        if outcome.instrumented_sql is None:
+            await _rollback(s)
+            _forward_original(s, raw)
+            return
+        _count_outcome(s, outcome)
+        held = await s.exchange_with_upstream(codec.encode_query(outcome.instrumented_sql), 1,
+                                              forward=True)
+        await _finish(s, held)
+    finally:
+        s.leave_parse_mode()
+
+
+async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
+    """A sketchable extended-protocol batch: the client's Bind is moved to a proxy-owned
+    statement holding the instrumented SQL (same parameter types); its replies the client
+    did not cause (the proxy's Parse/Close/COMMIT) are swallowed."""
+    decision = await s.router.classify(shape.sql)
+    if not decision.candidate or s.scanner.status != ord("I") or not s.idle:
+        _forward_original(s, raw)
+        return
+    s.enter_parse_mode()
+    try:
+        try:
+            outcome, types = await begin_and_prepare(s, shape.sql, shape.bind,
+                                                     shape.param_types)
+            if outcome.instrumented_sql is None:
+                await _rollback(s)
+                raise Fallback("library chose passthrough")
+            prep = await s.exchange_with_upstream(
+                codec.encode_close("S", WRAP_STATEMENT)
+                + codec.encode_parse(WRAP_STATEMENT, outcome.instrumented_sql, types)
+                + codec.encode_sync(), 1)
+            err = _first_error(prep)
+            if err is not None:
+                await _rollback(s)
+                raise Fallback(f"instrumented SQL does not parse: {err}")
+        except Fallback as exc:
+            log.debug("fallback: %s", exc)
+            s.router.count("fallbacks")
+            _forward_original(s, raw)
+            return
+        _count_outcome(s, outcome)
+        bind = codec.encode_bind(replace(shape.bind, statement=WRAP_STATEMENT))
+        held = await s.exchange_with_upstream(
+            shape.parse_raw + bind + shape.describe_raw + shape.execute_raw + shape.sync_raw, 1,
+            forward=True)
+        await _finish(s, held, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync(),
+                      ready=2)
+    finally:
+        s.leave_parse_mode()
+
+
+# ------------------------------------------------------------------ IMP statements
+
+async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
+    """What the proxy would do with ``sql`` now: classify, then (if a candidate and the
+    backend is idle) the real snapshot + prepare steps, rolled back afterwards."""
+    decision = await s.router.classify(sql)
+    rows: list[tuple[str, object]] = [("candidate", decision.candidate),
+                                      ("template", decision.template)]
+    if not s.hook_on:
+        return [("decision", "passthrough"), ("reason", "sketches disabled for this session"),
+                ("sketch_id", None), ("instrumented_sql", None), *rows]
+    if not decision.candidate:
+        return [("decision", "passthrough"), ("reason", decision.reason), ("sketch_id", None),
+                ("instrumented_sql", None), *rows]
+    if s.scanner.status != ord("I") or not s.idle:
+        return [("decision", "passthrough"), ("reason", "inside a client transaction"),
+                ("sketch_id", None), ("instrumented_sql", None), *rows]
+    s.enter_parse_mode()
+    try:
+        try:
+            outcome, _ = await begin_and_prepare(s, sql, None, ())
+        except Fallback as exc:
+            return [("decision", "passthrough"), ("reason", str(exc)), ("sketch_id", None),
+                    ("instrumented_sql", None), *rows]
+        await _rollback(s)
+    finally:
+        s.leave_parse_mode()
+    return [("decision", outcome.decision), ("reason", outcome.reason),
+            ("sketch_id", outcome.sketch_id), ("instrumented_sql", outcome.instrumented_sql),
+            *rows]
+
+
+async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
+    router = s.router
+    router.count("admin_commands")
+    try:
+        if cmd.kind == "show_sketches":
+            rows = admin.sketch_rows(await router.sketches())
+            return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
+        if cmd.kind == "show_stats":
+            items: list[tuple[str, object]] = [("session.enabled", s.enabled),
+                                               ("library", router.hook is not None)]
+            items += [(f"proxy.{k}", v) for k, v in sorted(router.counters.items())]
+            items += sorted((await router.stats()).items())
+            rows = admin.key_value_rows(items)
+            return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
+        if cmd.kind == "explain":
+            assert cmd.argument is not None
+            rows = admin.key_value_rows(await explain(s, cmd.argument))
+            return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
+        if cmd.kind == "drop":
+            assert cmd.argument is not None
+            if not await router.drop(s.dbname, int(cmd.argument)):
+                raise admin.AdminError("42704", f"sketch {cmd.argument} does not exist")
+            router.invalidate()
+            return admin.AdminResult(None, (), "IMP DROP SKETCH")
+        if cmd.kind == "drop_all":
+            n = await router.drop_all(s.dbname)
+            router.invalidate()
+            return admin.AdminResult(None, (), f"IMP DROP {n}")
+        if cmd.kind == "set":
+            assert cmd.value is not None
+            s.enabled = admin.parse_bool_setting(cmd.value)
+            return admin.AdminResult(None, (), "IMP SET")
+    except ServiceError as exc:
+        raise admin.AdminError("08006", str(exc)) from exc
+    except UpstreamError:
+        raise
+    except admin.AdminError:
+        raise
+    except Exception as exc:  # a library failure is reported to the client, not fatal
+        log.warning("IMP %s failed: %s", cmd.kind, exc)
+        raise admin.AdminError("XX000", f"IMP {cmd.kind} failed: {exc}") from exc
+    raise admin.AdminError("0A000", f"IMP {cmd.kind} is not supported")

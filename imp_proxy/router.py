@@ -1,0 +1,240 @@
+"""Routing: which client statements the proxy touches, and the seam to the sketch library.
+
+The relay asks the router two things: a *cheap* synchronous question on the hot path ("could
+this query text ever be sketched?": a lexical pre-filter plus the per-text decision cache), and
+the expensive ones (``classify``, ``prepare``) in worker threads. The sketch library is reached
+only through :class:`SketchHook`, whose methods match ``sketches.manager.SketchManager``
+(docs/INTERFACES.md §1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+log = logging.getLogger(__name__)
+
+
+class ClassificationLike(Protocol):
+    @property
+    def candidate(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def template(self) -> str | None: ...
+
+
+class PreparedLike(Protocol):
+    @property
+    def decision(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def sketch_id(self) -> int | None: ...
+    @property
+    def instrumented_sql(self) -> str | None: ...
+
+
+class SketchHook(Protocol):
+    """What the proxy needs from the sketch library (``SketchManager`` satisfies it)."""
+
+    def classify(self, sql: str) -> ClassificationLike: ...
+
+    def prepare(self, conn: psycopg.Connection[Any], sql: str,
+                params: Sequence[object] | None = None,
+                search_path: str | None = None) -> PreparedLike: ...
+
+    def sketches(self) -> list[dict[str, object]]: ...
+
+    def stats(self) -> dict[str, object]: ...
+
+    def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool: ...
+
+    def drop_all(self, conn: psycopg.Connection[Any]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The cached outcome of ``classify`` for one query text."""
+
+    candidate: bool
+    reason: str
+    template: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareOutcome:
+    decision: str
+    reason: str
+    sketch_id: int | None
+    instrumented_sql: str | None
+
+
+class ServiceError(RuntimeError):
+    """The proxy's service connection failed (pool exhausted, upstream unreachable)."""
+
+
+# A query can only be sketched if it is a SELECT (or WITH/parenthesised SELECT) that groups,
+# orders or limits; everything else skips the decision cache and the library entirely.
+_SELECTISH = re.compile(rb"\A\s*(?:select|with|\()", re.IGNORECASE)
+_SHAPE = re.compile(rb"\b(?:group|order|having|limit|fetch|distinct)\b", re.IGNORECASE)
+
+
+def prefilter(sql: bytes) -> bool:
+    """Cheap lexical gate (a few µs) before the decision cache and any parsing."""
+    if not _SELECTISH.match(sql):
+        return False
+    body = sql.rstrip().rstrip(b";")
+    if b";" in body:  # several statements (or a ';' in a literal): never wrap
+        return False
+    return _SHAPE.search(body) is not None
+
+
+class ServicePools:
+    """psycopg_pool connection pools to the upstream, one per database, opened lazily.
+
+    Service connections run as the configured upstream user (the DSN's), never as the client.
+    """
+
+    def __init__(self, upstream_dsn: str, max_size: int, connect_timeout: float) -> None:
+        self._dsn = upstream_dsn
+        self._max = max_size
+        self._timeout = connect_timeout
+        self._pools: dict[str, ConnectionPool[psycopg.Connection[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, dbname: str) -> ConnectionPool[psycopg.Connection[Any]]:
+        with self._lock:
+            p = self._pools.get(dbname)
+            if p is None:
+                conninfo = psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
+                p = ConnectionPool(conninfo, min_size=1, max_size=self._max, open=True,
+                                   kwargs={"autocommit": True,
+                                           "connect_timeout": max(1, int(self._timeout))},
+                                   timeout=self._timeout, name=f"imp-service-{dbname}")
+                self._pools[dbname] = p
+            return p
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()
+
+
+class Router:
+    """Decision cache + the blocking calls into the hook, run in worker threads."""
+
+    def __init__(self, hook: SketchHook | None, pools: ServicePools | None,
+                 cache_size: int = 10000) -> None:
+        self.hook = hook
+        self.pools = pools
+        self._cache: OrderedDict[str, Decision] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.counters: dict[str, int] = {
+            "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
+            "passthrough": 0, "fallbacks": 0, "admin_commands": 0, "connections": 0,
+        }
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[key] = self.counters.get(key, 0) + n
+
+    # ---- hot path -------------------------------------------------------------------------
+
+    def cached(self, sql: str) -> Decision | None:
+        d = self._cache.get(sql)
+        if d is not None:
+            self._cache.move_to_end(sql)
+        return d
+
+    # ---- worker-thread calls --------------------------------------------------------------
+
+    async def classify(self, sql: str) -> Decision:
+        d = self.cached(sql)
+        if d is not None:
+            return d
+        if self.hook is None:
+            return Decision(False, "no sketch library configured")
+        d = await asyncio.to_thread(self._classify_blocking, sql)
+        self._cache[sql] = d
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return d
+
+    def _classify_blocking(self, sql: str) -> Decision:
+        assert self.hook is not None
+        self.count("queries_classified")
+        try:
+            c = self.hook.classify(sql)
+        except Exception as exc:  # noqa: BLE001 - any library failure means: pass through
+            log.warning("classify failed, passing through: %s", exc)
+            return Decision(False, f"classify failed: {exc}")
+        return Decision(bool(c.candidate), str(c.reason), c.template)
+
+    async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
+                      params: Sequence[object] | None) -> PrepareOutcome:
+        return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
+                                       sql, params)
+
+    def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
+                          params: Sequence[object] | None) -> PrepareOutcome:
+        hook, pools = self.hook, self.pools
+        if hook is None or pools is None:
+            return PrepareOutcome("passthrough", "no sketch library configured", None, None)
+        try:
+            with pools.pool(dbname).connection() as conn:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                try:
+                    conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                        pgsql.Literal(snapshot)))
+                    if search_path is not None:
+                        conn.execute("SELECT set_config('search_path', %s, true)",
+                                     (search_path,))
+                    p = hook.prepare(conn, sql, params, search_path)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+        except PoolTimeout as exc:
+            raise ServiceError(f"no service connection for {dbname}: {exc}") from exc
+        return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql)
+
+    async def drop(self, dbname: str, sketch_id: int) -> bool:
+        return await asyncio.to_thread(self._with_service, dbname,
+                                       lambda h, c: h.drop(c, sketch_id))
+
+    async def drop_all(self, dbname: str) -> int:
+        return await asyncio.to_thread(self._with_service, dbname, lambda h, c: h.drop_all(c))
+
+    def _with_service(self, dbname: str, fn: Any) -> Any:
+        if self.hook is None or self.pools is None:
+            raise ServiceError("no sketch library configured")
+        with self.pools.pool(dbname).connection() as conn:
+            return fn(self.hook, conn)
+
+    async def sketches(self) -> list[dict[str, object]]:
+        if self.hook is None:
+            return []
+        return await asyncio.to_thread(self.hook.sketches)
+
+    async def stats(self) -> dict[str, object]:
+        if self.hook is None:
+            return {}
+        return await asyncio.to_thread(self.hook.stats)
+
+    def invalidate(self) -> None:
+        """Forgets cached decisions (after DROP SKETCH: decisions do not depend on sketches,
+        but a dropped library state may change the reason reported)."""
+        self._cache.clear()

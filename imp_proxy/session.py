@@ -1,0 +1,696 @@
+"""One client connection relayed to one upstream backend.
+
+The relay forwards bytes. Client→upstream it walks message boundaries (it must see Query,
+Parse/Bind/…/Sync to count outstanding ReadyForQuery messages and to spot ``IMP`` statements and
+sketchable SELECTs); upstream→client it forwards every chunk unchanged and only follows message
+boundaries to count ReadyForQuery and remember the transaction status. Only while the proxy
+itself talks to the backend (startup/auth, a sketch wrapping, an ``IMP EXPLAIN``) are upstream
+messages parsed one by one (``reader`` is set), so that injected replies can be swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from . import admin, intercept
+from .errors import UpstreamError
+from .protocol import codec
+from .protocol.framing import (
+    BoundaryScanner,
+    MessageReader,
+    ProtocolViolation,
+    declared_end,
+    decode_startup,
+    frame_end,
+    split_startup,
+)
+from .protocol.messages import (
+    AUTHENTICATION,
+    BACKEND_KEY_DATA,
+    BIND,
+    CLOSE,
+    COPY_DATA,
+    DESCRIBE,
+    EXECUTE,
+    FLUSH,
+    FUNCTION_CALL,
+    NOTIFICATION_RESPONSE,
+    PARAMETER_STATUS,
+    PARSE,
+    QUERY,
+    READY_FOR_QUERY,
+    SYNC,
+    TERMINATE,
+    CancelRequest,
+    GSSENCRequest,
+    SSLRequest,
+    StartupMessage,
+)
+from .router import prefilter
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
+
+log = logging.getLogger(__name__)
+
+_IDLE = 73  # b"I"
+_BLOCK_HOLD = 1
+_BLOCK_BACKPRESSURE = 2
+
+
+class Phase(enum.Enum):
+    STARTUP = "startup"
+    CONNECTING = "connecting"
+    AUTH = "auth"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class _Exchange:
+    """Replies the proxy awaits for messages it sent itself."""
+
+    __slots__ = ("ready_left", "forward", "messages", "future")
+
+    def __init__(self, ready: int, forward: bool, future: asyncio.Future[list[tuple[int, bytes]]]):
+        self.ready_left = ready
+        self.forward = forward
+        self.messages: list[tuple[int, bytes]] = []
+        self.future = future
+
+
+class Session:
+    """State of one client ↔ upstream pair; driven by the two asyncio Protocols in server.py."""
+
+    def __init__(self, server: ProxyServer, client: asyncio.Transport) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.client: asyncio.Transport = client
+        self.upstream: asyncio.Transport | None = None
+        self.router = server.router
+        self.max_message = server.config.max_message_size
+        self.phase = Phase.STARTUP
+        self.cbuf = bytearray()          # unprocessed client bytes (partial message / held)
+        self.copy_skip = 0               # bytes of a streamed CopyData still to forward
+        self.scanner = BoundaryScanner()
+        self.reader: MessageReader | None = MessageReader()
+        self.exchange: _Exchange | None = None
+        self.pending = 0                 # ReadyForQuery messages the client still expects
+        self.batch_open = False          # extended-protocol messages forwarded since last Sync
+        self.hold = False                # the proxy is busy with an intercepted statement
+        self.read_blocks = 0
+        self.params: dict[str, str] = {}
+        self.tls = False
+        self.proxy_key: tuple[int, int] | None = None
+        self.upstream_key: tuple[int, int] | None = None
+        self.enabled = server.config.sketches
+        # extended-protocol bookkeeping for IMP statements answered locally
+        self.local_batch = False
+        self.local_error = False
+        self.admin_stmts: dict[str, admin.AdminCommand] = {}
+        self.admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]] = {}
+        # statement name -> (sql, parameter type oids), tracked only while sketching is on
+        self.statements: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._shape: intercept.BatchShape | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dbname(self) -> str:
+        return self.params.get("database") or self.params.get("user", "")
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the client's is in flight upstream."""
+        return self.pending == 0 and not self.batch_open
+
+    @property
+    def hook_on(self) -> bool:
+        return self.enabled and self.router.hook is not None
+
+    # ------------------------------------------------------------------ client side
+
+    def client_data(self, data: bytes) -> None:
+        phase = self.phase
+        if phase is Phase.READY:
+            if self.copy_skip:
+                take = min(self.copy_skip, len(data))
+                self._up_write(data[:take])
+                self.copy_skip -= take
+                data = data[take:]
+                if not data:
+                    return
+            if self.hold:
+                self.cbuf += data
+                return
+            if self.cbuf:
+                self.cbuf += data
+                if len(self.cbuf) >= 5 and self.cbuf[0] != COPY_DATA:
+                    try:
+                        end = declared_end(self.cbuf, 0, self.max_message)
+                    except ProtocolViolation as exc:
+                        self.fatal(exc.sqlstate, str(exc))
+                        return
+                    if end > len(self.cbuf):
+                        return  # still incomplete: nothing to do until more arrives
+                data = bytes(self.cbuf)
+                self.cbuf.clear()
+            self._process(data)
+        elif phase is Phase.AUTH:
+            assert self.upstream is not None
+            self.upstream.write(data)
+        elif phase is Phase.STARTUP:
+            self.cbuf += data
+            self._startup()
+        elif phase is Phase.CONNECTING:
+            self.cbuf += data
+
+    def _up_write(self, data: bytes) -> None:
+        if self.upstream is not None:
+            self.upstream.write(data)
+
+    def _process(self, data: bytes) -> None:
+        """Relays complete client messages; intercepts IMP statements and sketchable SELECTs."""
+        try:
+            self._process_frames(data)
+        except ProtocolViolation as exc:
+            self.fatal(exc.sqlstate, str(exc))
+
+    def _process_frames(self, data: bytes) -> None:
+        n = len(data)
+        pos = fwd = 0
+        maxsize = self.max_message
+        while pos < n:
+            end = frame_end(data, pos, maxsize)
+            if end < 0:
+                if data[pos] == COPY_DATA and pos + 5 <= n:
+                    # stream a large CopyData instead of buffering it whole
+                    self.copy_skip = declared_end(data, pos, maxsize) - n
+                    pos = n
+                break
+            typ = data[pos]
+            if typ == QUERY:
+                if self.idle and not self.local_batch and self._query_special(data, pos, end):
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    self.cbuf += data[end:]
+                    return
+                self.pending += 1
+            elif typ == SYNC:
+                if self.local_batch:
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    fwd = end
+                    self._local_sync()
+                else:
+                    self.pending += 1
+                    self.batch_open = False
+            elif typ in (PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH):
+                special = self._extended_special(data, pos, end)
+                if special == "hold":
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    self.cbuf += data[end:]
+                    return
+                elif special == "local":
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    fwd = end
+                elif special == "wrap":
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    shape, self._shape = self._shape, None
+                    assert shape is not None
+                    self.cbuf += data[shape.end:]
+                    self._run_held(intercept.wrap_batch(self, data[pos:shape.end], shape))
+                    return
+                else:
+                    self.batch_open = True
+            elif typ == TERMINATE:
+                self._up_write(data[fwd:end])
+                self.pending = 0
+                self.batch_open = False
+                self.close()
+                return
+            elif typ == FUNCTION_CALL:
+                self.pending += 1
+            pos = end
+        if fwd == 0 and pos == n:
+            self._up_write(data)
+        elif fwd < pos:
+            self._up_write(data[fwd:pos])
+        if pos < n:
+            self.cbuf += data[pos:]
+
+    # ---- simple Query interception
+
+    def _query_special(self, data: bytes, pos: int, end: int) -> bool:
+        """Starts intercepting this Query when it is an IMP statement or may be sketched."""
+        body = data[pos + 5:end - 1]
+        if admin.is_admin(body):
+            self._run_held(self._admin_query(body))
+            return True
+        if not self.hook_on or self.scanner.status != _IDLE:
+            return False
+        if not prefilter(body):
+            return False
+        try:
+            sql = body.decode()
+        except UnicodeDecodeError:
+            return False
+        cached = self.router.cached(sql)
+        if cached is not None and not cached.candidate:
+            return False
+        self._run_held(intercept.wrap_query(self, sql, bytes(data[pos:end])))
+        return True
+
+    # ---- extended protocol interception
+
+    def _extended_special(self, data: bytes, pos: int, end: int) -> str | None:
+        """None: forward. "local": answered here. "hold": async local work started.
+        "wrap": the batch starting here is a sketch candidate."""
+        typ = data[pos]
+        if self.local_batch:
+            return self._local_message(bytes(data[pos:end]))
+        if typ == PARSE:
+            name_end = data.find(b"\x00", pos + 5, end)
+            if name_end < 0:
+                raise ProtocolViolation("malformed Parse message")
+            if admin.is_admin(data[name_end + 1:name_end + 17]):
+                if self.idle:
+                    self.local_batch = True
+                    self.local_error = False
+                    return self._local_message(bytes(data[pos:end]))
+                return None  # in a pipeline: let PostgreSQL report the syntax error
+            if self.admin_stmts:
+                self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
+            if self.hook_on:
+                msg = codec.decode_parse(bytes(data[pos:end]))
+                self.statements[msg.name] = (msg.sql, msg.param_types)
+                if self.idle and self.scanner.status == _IDLE and self._batch_candidate(
+                        data, pos, msg.sql):
+                    return "wrap"
+            return None
+        if self.admin_stmts or self.admin_portals:
+            if self.idle and self._refers_to_admin(bytes(data[pos:end])):
+                self.local_batch = True
+                self.local_error = False
+                return self._local_message(bytes(data[pos:end]))
+        if typ == BIND and self.hook_on and self.idle and self.scanner.status == _IDLE:
+            name_end = data.find(b"\x00", pos + 5, end)  # skip the portal name
+            stmt_end = data.find(b"\x00", name_end + 1, end)
+            stmt = data[name_end + 1:stmt_end].decode(errors="replace")
+            known = self.statements.get(stmt)
+            if known is not None and self._batch_candidate(data, pos, known[0]):
+                return "wrap"
+        if typ == CLOSE and self.statements and data[pos + 5] == ord("S"):
+            self.statements.pop(codec.decode_close(bytes(data[pos:end])).name, None)
+        return None
+
+    def _refers_to_admin(self, msg: bytes) -> bool:
+        typ = msg[0]
+        if typ == BIND:
+            return codec.decode_bind(msg).statement in self.admin_stmts
+        if typ in (DESCRIBE, CLOSE):
+            kind, name = chr(msg[5]), msg[6:-1].decode(errors="replace")
+            table: dict[str, Any] = self.admin_stmts if kind == "S" else self.admin_portals
+            return name in table
+        if typ == EXECUTE:
+            return codec.decode_execute(msg).portal in self.admin_portals
+        return False
+
+    def _batch_candidate(self, data: bytes, pos: int, sql: str) -> bool:
+        """Is the batch starting at ``pos`` exactly [Parse] Bind [Describe] Execute Sync, all in
+        this chunk, for a statement that may be sketched? (Anything else passes through.)"""
+        if not prefilter(sql.encode()):
+            return False
+        cached = self.router.cached(sql)
+        if cached is not None and not cached.candidate:
+            return False
+        shape = intercept.batch_shape(data, pos, self.max_message, self.statements)
+        if shape is None:
+            return False
+        self._shape = shape
+        return True
+
+    # ---- locally answered extended-protocol messages (IMP statements)
+
+    def _local_message(self, msg: bytes) -> str | None:
+        """Answers one message of a local (IMP) batch; a non-IMP message ends local mode."""
+        typ = msg[0]
+        if self.local_error:
+            return "local"  # discard until Sync, as PostgreSQL does after an error
+        if typ == PARSE:
+            p = codec.decode_parse(msg)
+            if not admin.is_admin(p.sql.encode()[:16]):
+                return self._leave_local(msg)
+            try:
+                self.admin_stmts[p.name] = admin.parse_admin(p.sql)
+            except admin.AdminError as exc:
+                self._local_fail(exc)
+                return "local"
+            self.client.write(codec.parse_complete())
+            return "local"
+        if typ == FLUSH:
+            return "local"
+        if not self._refers_to_admin(msg):
+            return self._leave_local(msg)
+        if typ == BIND:
+            b = codec.decode_bind(msg)
+            if b.params:
+                self._local_fail(admin.AdminError(
+                    "08P01", "IMP statements take no parameters"))
+                return "local"
+            self.admin_portals[b.portal] = (self.admin_stmts[b.statement], b.result_formats)
+            self.client.write(codec.bind_complete())
+        elif typ == DESCRIBE:
+            d = codec.decode_describe(msg)
+            if d.kind == "S":
+                cols = self.admin_stmts[d.name].columns
+                out = codec.encode_parameter_description(())
+                out += admin.row_description(cols) if cols is not None else codec.no_data()
+            else:
+                cmd, fmts = self.admin_portals[d.name]
+                cols = cmd.columns
+                out = admin.row_description(cols, fmts) if cols is not None else codec.no_data()
+            self.client.write(out)
+        elif typ == CLOSE:
+            c = codec.decode_close(msg)
+            (self.admin_stmts if c.kind == "S" else self.admin_portals).pop(c.name, None)
+            self.client.write(codec.close_complete())
+        elif typ == EXECUTE:
+            e = codec.decode_execute(msg)
+            cmd, _ = self.admin_portals[e.portal]
+            self._run_held(self._admin_execute(cmd))
+            return "hold"
+        return "local"
+
+    def _leave_local(self, msg: bytes) -> str | None:
+        """A non-IMP message in a local batch: from here on the batch goes upstream (the local
+        replies already sent precede every upstream reply, so the order stays right)."""
+        self.local_batch = False
+        self.batch_open = True
+        return self._extended_special(msg, 0, len(msg))
+
+    def _local_fail(self, exc: admin.AdminError) -> None:
+        self.client.write(codec.encode_error("ERROR", exc.sqlstate, exc.message))
+        self.local_error = True
+
+    def _local_sync(self) -> None:
+        self.local_batch = False
+        self.local_error = False
+        self.admin_portals.pop("", None)  # the unnamed portal ends with the implicit txn
+        self.client.write(codec.encode_ready_for_query(chr(self.scanner.status)))
+
+    async def _admin_query(self, body: bytes) -> None:
+        try:
+            cmd = admin.parse_admin(body.decode())
+            result = await intercept.run_admin(self, cmd)
+            out = admin.encode_result(result)
+        except admin.AdminError as exc:
+            out = codec.encode_error("ERROR", exc.sqlstate, exc.message)
+        except UnicodeDecodeError:
+            out = codec.encode_error("ERROR", "22021", "invalid UTF-8 in IMP statement")
+        self.client.write(out + codec.encode_ready_for_query(chr(self.scanner.status)))
+
+    async def _admin_execute(self, cmd: admin.AdminCommand) -> None:
+        try:
+            result = await intercept.run_admin(self, cmd)
+        except admin.AdminError as exc:
+            self._local_fail(exc)
+            return
+        self.client.write(admin.encode_rows(result))
+
+    # ---- holding the client while the proxy works
+
+    def _run_held(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.hold = True
+        self.block_client(_BLOCK_HOLD)
+        task = self.loop.create_task(self._held(coro))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _held(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except (UpstreamError, ConnectionError) as exc:
+            log.warning("session aborted: %s", exc)
+            self.fatal("08006", f"IMP proxy lost the upstream connection: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not hang the client: report and close
+            log.exception("internal error in session")
+            self.fatal("XX000", f"IMP proxy internal error: {exc}")
+        finally:
+            self.hold = False
+            self.unblock_client(_BLOCK_HOLD)
+            if self.phase is Phase.READY and self.cbuf:
+                data = bytes(self.cbuf)
+                self.cbuf.clear()
+                self.client_data(data)
+
+    # ---- talking to the backend on the client's connection (used by intercept.py)
+
+    def enter_parse_mode(self) -> None:
+        self.reader = MessageReader()
+
+    def leave_parse_mode(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None and reader.pending:
+            rest = reader.take_rest()
+            self.client.write(rest)
+            self.scanner.feed(rest)
+
+    async def exchange_with_upstream(self, payload: bytes, ready: int,
+                                     forward: bool = False) -> list[tuple[int, bytes]]:
+        """Sends ``payload`` upstream and collects replies up to the ``ready``-th ReadyForQuery.
+
+        forward=False: replies are returned (swallowed) except asynchronous NotificationResponse
+        and ParameterStatus, which go to the client. forward=True: every reply but the
+        ReadyForQuery is forwarded to the client as it arrives.
+        """
+        if self.upstream is None or self.upstream.is_closing():
+            raise UpstreamError("upstream connection is closed")
+        assert self.reader is not None and self.exchange is None
+        fut: asyncio.Future[list[tuple[int, bytes]]] = self.loop.create_future()
+        self.exchange = _Exchange(ready, forward, fut)
+        self.upstream.write(payload)
+        return await fut
+
+    # ------------------------------------------------------------------ upstream side
+
+    def upstream_data(self, data: bytes) -> None:
+        reader = self.reader
+        if reader is None:
+            self.client.write(data)
+            try:
+                c = self.scanner.feed(data)
+            except ProtocolViolation as exc:
+                self.fatal("08P01", f"invalid message from upstream: {exc}")
+                return
+            if c:
+                self.pending -= c
+            return
+        if not self.scanner.at_boundary:  # finish an async message already being forwarded
+            k = self.scanner.to_boundary(data)
+            self.client.write(data[:k])
+            data = data[k:]
+        try:
+            msgs = reader.feed(data)
+        except ProtocolViolation as exc:
+            self.fatal("08P01", f"invalid message from upstream: {exc}")
+            return
+        if self.phase is Phase.AUTH:
+            self._auth_messages(msgs)
+            return
+        out: list[bytes] = []
+        ex = self.exchange
+        for typ, msg in msgs:
+            if ex is None:
+                out.append(msg)
+            elif typ == READY_FOR_QUERY:
+                ex.messages.append((typ, msg))
+                ex.ready_left -= 1
+                if ex.ready_left == 0:
+                    self.scanner.status = msg[5]
+                    self.exchange = None
+                    if not ex.future.done():
+                        ex.future.set_result(ex.messages)
+                    ex = None
+            elif ex.forward or typ in (NOTIFICATION_RESPONSE, PARAMETER_STATUS):
+                out.append(msg)
+            else:
+                ex.messages.append((typ, msg))
+        if out:
+            self.client.write(b"".join(out))
+
+    def _auth_messages(self, msgs: list[tuple[int, bytes]]) -> None:
+        out: list[bytes] = []
+        ready = False
+        for typ, msg in msgs:
+            if typ == AUTHENTICATION:
+                msg = codec.strip_channel_binding(msg)
+            elif typ == BACKEND_KEY_DATA:
+                key = codec.decode_backend_key_data(msg)
+                self.upstream_key = (key.pid, key.secret)
+                # same pid (pg_backend_pid() and NOTIFY pids stay meaningful), own secret
+                self.proxy_key = (key.pid, secrets.randbits(31))
+                self.server.register_cancel_key(self.proxy_key, self.upstream_key)
+                msg = codec.encode_backend_key_data(*self.proxy_key)
+            elif typ == READY_FOR_QUERY:
+                ready = True
+                self.scanner.status = msg[5]
+            out.append(msg)
+        self.client.write(b"".join(out))
+        if ready:
+            self.phase = Phase.READY
+            self.router.count("connections")
+            self.leave_parse_mode()
+            if self.cbuf:
+                data = bytes(self.cbuf)
+                self.cbuf.clear()
+                self.client_data(data)
+
+    def upstream_lost(self, exc: Exception | None) -> None:
+        self.upstream = None
+        ex, self.exchange = self.exchange, None
+        if ex is not None and not ex.future.done():
+            ex.future.set_exception(UpstreamError(f"upstream closed: {exc}"))
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.CLOSED
+            self.client.close()
+        self._forget_key()
+
+    # ------------------------------------------------------------------ startup
+
+    def _startup(self) -> None:
+        try:
+            while self.phase is Phase.STARTUP:
+                packet, length = split_startup(self.cbuf)
+                if packet is None:
+                    return
+                del self.cbuf[:length]
+                msg = decode_startup(packet)
+                if isinstance(msg, SSLRequest):
+                    if self.server.ssl_context is not None and not self.tls:
+                        self.client.write(b"S")
+                        self.tls = True
+                        self._spawn(self._start_tls())
+                        return
+                    self.client.write(b"N")
+                elif isinstance(msg, GSSENCRequest):
+                    self.client.write(b"N")
+                elif isinstance(msg, CancelRequest):
+                    self._spawn(self.server.forward_cancel(msg.pid, msg.secret))
+                    self.phase = Phase.CLOSED
+                    self.client.close()
+                    return
+                elif isinstance(msg, StartupMessage):
+                    self.params = dict(msg.params)
+                    self.phase = Phase.CONNECTING
+                    self._spawn(self._connect(msg.raw))
+        except ProtocolViolation as exc:
+            self.fatal(exc.sqlstate, str(exc))
+
+    async def _start_tls(self) -> None:
+        assert self.server.ssl_context is not None
+        try:
+            protocol = self.client.get_protocol()
+            new = await self.loop.start_tls(self.client, protocol, self.server.ssl_context,
+                                            server_side=True)
+        except (OSError, ConnectionError) as exc:
+            log.info("TLS handshake with client failed: %s", exc)
+            self.phase = Phase.CLOSED
+            self.client.close()
+            return
+        if new is None:
+            self.phase = Phase.CLOSED
+            return
+        self.client = new
+        if self.cbuf:
+            self._startup()
+
+    async def _connect(self, startup: bytes) -> None:
+        try:
+            self.upstream = await self.server.connect_upstream(self)
+        except (OSError, TimeoutError) as exc:
+            self.fatal("08006", f"IMP proxy could not connect to the upstream server: {exc}")
+            return
+        if self.phase is not Phase.CONNECTING:  # client went away meanwhile
+            self.upstream.close()
+            return
+        self.phase = Phase.AUTH
+        self.upstream.write(startup)
+        if self.cbuf:
+            data = bytes(self.cbuf)
+            self.cbuf.clear()
+            self.upstream.write(data)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # ------------------------------------------------------------------ flow control & end
+
+    def block_client(self, why: int) -> None:
+        if not self.read_blocks:
+            self.client.pause_reading()
+        self.read_blocks |= why
+
+    def unblock_client(self, why: int) -> None:
+        if self.read_blocks:
+            self.read_blocks &= ~why
+            if not self.read_blocks and not self.client.is_closing():
+                self.client.resume_reading()
+
+    def client_pause_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def client_resume_writing(self) -> None:
+        if self.upstream is not None and not self.upstream.is_closing():
+            self.upstream.resume_reading()
+
+    def upstream_pause_writing(self) -> None:
+        self.block_client(_BLOCK_BACKPRESSURE)
+
+    def upstream_resume_writing(self) -> None:
+        self.unblock_client(_BLOCK_BACKPRESSURE)
+
+    def fatal(self, sqlstate: str, message: str) -> None:
+        """Sends a FATAL ErrorResponse to this client and ends the session."""
+        log.info("closing session with FATAL %s: %s", sqlstate, message)
+        if not self.client.is_closing():
+            self.client.write(codec.encode_error("FATAL", sqlstate, message))
+        self.close()
+
+    def close(self) -> None:
+        """Ends both legs; an upstream still busy for this client is cancelled first."""
+        if self.phase is Phase.CLOSED and self.upstream is None:
+            self.client.close()
+            return
+        busy = self.phase is Phase.READY and (self.pending > 0 or self.hold or self.batch_open)
+        self.phase = Phase.CLOSED
+        self.client.close()
+        up, self.upstream = self.upstream, None
+        if up is not None:
+            if busy and self.upstream_key is not None:
+                self._spawn(self.server.send_cancel(*self.upstream_key))
+            if not up.is_closing():
+                up.write(codec.encode_terminate())
+            up.close()
+        self._forget_key()
+
+    def client_lost(self) -> None:
+        self.close()
+
+    def _forget_key(self) -> None:
+        if self.proxy_key is not None:
+            self.server.unregister_cancel_key(self.proxy_key)
+            self.proxy_key = None

@@ -1,0 +1,161 @@
+"""Sans-IO protocol layer, fed with byte literals."""
+
+from __future__ import annotations
+
+import pytest
+
+from imp_proxy.protocol import codec
+from imp_proxy.protocol.framing import (
+    BoundaryScanner,
+    MessageReader,
+    ProtocolViolation,
+    decode_startup,
+    frame_end,
+    split_startup,
+)
+from imp_proxy.protocol.messages import (
+    AuthenticationSASL,
+    Bind,
+    CancelRequest,
+    FieldDescription,
+    GSSENCRequest,
+    SSLRequest,
+    StartupMessage,
+)
+
+STARTUP = (b"\x00\x00\x00\x45\x00\x03\x00\x00user\x00alice\x00database\x00db1\x00"
+           b"options\x00-c x=1\x00extra_float_digits\x003\x00\x00")
+
+
+def test_startup_packets() -> None:
+    assert decode_startup(b"\x00\x00\x00\x08\x04\xd2\x16\x2f") == SSLRequest()
+    assert decode_startup(b"\x00\x00\x00\x08\x04\xd2\x16\x30") == GSSENCRequest()
+    assert decode_startup(b"\x00\x00\x00\x10\x04\xd2\x16\x2e\x00\x00\x30\x39\xff\xff\xff\xfe") \
+        == CancelRequest(12345, -2)
+    msg = decode_startup(STARTUP)
+    assert isinstance(msg, StartupMessage)
+    assert msg.protocol == 196608 and msg.raw == STARTUP
+    assert msg.params == {"user": "alice", "database": "db1", "options": "-c x=1",
+                          "extra_float_digits": "3"}
+    assert codec.encode_startup(msg.params) == STARTUP
+
+
+def test_split_startup_waits_and_rejects() -> None:
+    assert split_startup(STARTUP[:10]) == (None, 0)
+    packet, n = split_startup(STARTUP + b"\x00\x00")
+    assert packet == STARTUP and n == len(STARTUP)
+    with pytest.raises(ProtocolViolation):
+        split_startup(b"\x00\x00\x00\x04\x00\x03\x00\x00")
+    with pytest.raises(ProtocolViolation):
+        split_startup(b"\x7f\x00\x00\x00\x00\x03\x00\x00")
+    with pytest.raises(ProtocolViolation):  # protocol 2
+        decode_startup(b"\x00\x00\x00\x09\x00\x02\x00\x00\x00")
+    with pytest.raises(ProtocolViolation):  # missing final terminator
+        decode_startup(b"\x00\x00\x00\x0e\x00\x03\x00\x00user\x00a\x00")
+
+
+def test_frame_end_and_limits() -> None:
+    data = b"Q\x00\x00\x00\x0dSELECT 1\x00S\x00\x00\x00\x04"
+    assert frame_end(data, 0, 1000) == 14
+    assert frame_end(data, 14, 1000) == 19
+    assert frame_end(data[:10], 0, 1000) == -1
+    with pytest.raises(ProtocolViolation):
+        frame_end(b"Q\x00\x00\x00\x02", 0, 1000)
+    with pytest.raises(ProtocolViolation):
+        frame_end(b"Q\x00\x01\x00\x00", 0, 1000)
+
+
+def test_message_reader_across_chunks() -> None:
+    r = MessageReader()
+    stream = b"1\x00\x00\x00\x04" + b"Z\x00\x00\x00\x05I" + b"C\x00\x00\x00\x0dSELECT 1\x00"
+    out = []
+    for i in range(len(stream)):
+        out += r.feed(stream[i:i + 1])
+    assert [chr(t) for t, _ in out] == ["1", "Z", "C"]
+    assert out[2][1] == b"C\x00\x00\x00\x0dSELECT 1\x00"
+    assert r.pending == 0
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 100])
+def test_boundary_scanner_counts_ready_for_query(step: int) -> None:
+    # a DataRow whose payload looks like a ReadyForQuery must not be counted
+    fake = b"Z\x00\x00\x00\x05E"
+    stream = (b"T\x00\x00\x00\x1a\x00\x01a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x19"
+              b"\xff\xff\xff\xff\xff\xff\x00\x00"
+              + b"D\x00\x00\x00\x10\x00\x01\x00\x00\x00\x06" + fake
+              + b"C\x00\x00\x00\x0dSELECT 1\x00" + b"Z\x00\x00\x00\x05T"
+              + b"Z\x00\x00\x00\x05I")
+    s = BoundaryScanner()
+    seen = []
+    total = 0
+    for i in range(0, len(stream), step):
+        total += s.feed(stream[i:i + step])
+        seen.append(chr(s.status))
+    assert total == 2
+    assert s.status == ord("I") and s.at_boundary
+    assert "E" not in seen
+
+
+def test_boundary_scanner_to_boundary() -> None:
+    s = BoundaryScanner()
+    msg = b"A\x00\x00\x00\x0d\x00\x00\x00\x07ch\x00p\x00"
+    assert s.feed(msg[:3]) == 0 and not s.at_boundary
+    rest = msg[3:] + b"Z\x00\x00\x00\x05I"
+    k = s.to_boundary(rest)
+    assert k == len(msg) - 3 and s.at_boundary
+    assert s.feed(rest[k:]) == 1
+
+
+def test_frontend_codecs_roundtrip() -> None:
+    parse = codec.encode_parse("s1", "SELECT $1::int", [23])
+    assert parse == b"P\x00\x00\x00\x1cs1\x00SELECT $1::int\x00\x00\x01\x00\x00\x00\x17"
+    p = codec.decode_parse(parse)
+    assert (p.name, p.sql, p.param_types) == ("s1", "SELECT $1::int", (23,))
+    bind = Bind("", "s1", (1,), (b"\x00\x00\x00\x2a", None), (0,))
+    raw = codec.encode_bind(bind)
+    assert raw == (b"B\x00\x00\x00\x1e\x00s1\x00\x00\x01\x00\x01\x00\x02"
+                   b"\x00\x00\x00\x04\x00\x00\x00\x2a\xff\xff\xff\xff\x00\x01\x00\x00")
+    assert codec.decode_bind(raw) == bind
+    assert bind.param_format(1) == 1
+    assert codec.decode_execute(codec.encode_execute("p", 10)).max_rows == 10
+    assert codec.decode_describe(b"D\x00\x00\x00\x08Ss1\x00").name == "s1"
+    c = codec.decode_close(b"C\x00\x00\x00\x06P\x00")
+    assert (c.kind, c.name) == ("P", "")
+    assert codec.decode_query(b"Q\x00\x00\x00\x0dSELECT 1\x00").sql == "SELECT 1"
+    assert codec.encode_sync() == b"S\x00\x00\x00\x04"
+    assert codec.encode_cancel_request(7, 9) == (b"\x00\x00\x00\x10\x04\xd2\x16\x2e"
+                                                  b"\x00\x00\x00\x07\x00\x00\x00\x09")
+    with pytest.raises(ProtocolViolation):
+        codec.decode_bind(b"B\x00\x00\x00\x08\x00s1\x00")
+
+
+def test_backend_codecs() -> None:
+    err = codec.encode_error("FATAL", "08P01", "bad frame")
+    assert err == b"E\x00\x00\x00\x25SFATAL\x00VFATAL\x00C08P01\x00Mbad frame\x00\x00"
+    e = codec.decode_error_fields(err)
+    assert (e.severity, e.sqlstate, e.message) == ("FATAL", "08P01", "bad frame")
+    assert codec.encode_ready_for_query("I") == b"Z\x00\x00\x00\x05I"
+    assert codec.decode_ready_for_query(b"Z\x00\x00\x00\x05T").status == "T"
+    rd = codec.encode_row_description([FieldDescription("key"), FieldDescription("value")])
+    assert [f.name for f in codec.decode_row_description(rd).fields] == ["key", "value"]
+    dr = codec.encode_data_row([b"a", None, b""])
+    assert dr == b"D\x00\x00\x00\x13\x00\x03\x00\x00\x00\x01a\xff\xff\xff\xff\x00\x00\x00\x00"
+    assert codec.decode_data_row(dr).values == (b"a", None, b"")
+    assert codec.decode_command_complete(codec.encode_command_complete("SELECT 2")).tag \
+        == "SELECT 2"
+    k = codec.decode_backend_key_data(b"K\x00\x00\x00\x0c\x00\x00\x01\x00\x12\x34\x56\x78")
+    assert (k.pid, k.secret) == (256, 0x12345678)
+    ps = codec.decode_parameter_status(b"S\x00\x00\x00\x11TimeZone\x00UTC\x00")
+    assert (ps.name, ps.value) == ("TimeZone", "UTC")
+
+
+def test_sasl_plus_mechanisms_are_not_advertised() -> None:
+    both = (b"R\x00\x00\x00\x2a\x00\x00\x00\x0aSCRAM-SHA-256-PLUS\x00SCRAM-SHA-256\x00\x00")
+    assert codec.decode_authentication(both) == AuthenticationSASL(
+        ("SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"))
+    stripped = codec.strip_channel_binding(both)
+    assert stripped == b"R\x00\x00\x00\x17\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"
+    plain = b"R\x00\x00\x00\x17\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"
+    assert codec.strip_channel_binding(plain) is plain
+    md5 = b"R\x00\x00\x00\x0c\x00\x00\x00\x05abcd"
+    assert codec.strip_channel_binding(md5) is md5
