@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def via_proxy(dsn: str, port: int, **extra: Any) -> str:
     """The same DSN, but pointing at the proxy's port."""
-    return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=port, **extra)
+    return psycopg.conninfo.make_conninfo(dsn, **{"host": "127.0.0.1", "port": port, **extra})
 
 
 @dataclass
