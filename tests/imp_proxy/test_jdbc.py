@@ -1,0 +1,71 @@
+"""pgjdbc (Debian's /usr/share/java/postgresql.jar) through the proxy vs directly."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from .conftest import ProxyProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+JAR = Path("/usr/share/java/postgresql.jar")
+SOURCE = ROOT / "tests" / "java" / "JdbcCheck.java"
+
+
+@pytest.fixture(scope="module")
+def jdbc_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not JAR.exists() or shutil.which("javac") is None:
+        pytest.skip("pgjdbc jar or javac missing (scripts/bootstrap.sh installs them)")
+    out = tmp_path_factory.mktemp("jdbc")
+    subprocess.run(["javac", "-cp", str(JAR), "-d", str(out), str(SOURCE)], check=True,
+                   capture_output=True, timeout=120)
+    return out
+
+
+def jdbc(classes: Path, url: str, *args: str) -> str:
+    res = subprocess.run(["java", "-cp", f"{JAR}:{classes}", "JdbcCheck", url, *args],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def url_for(dsn: str, port: int | None = None, **params: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    q = "&".join(f"{k}={v}" for k, v in {"user": str(info["user"]), **params}.items())
+    return f"jdbc:postgresql://127.0.0.1:{port or info['port']}/{info['dbname']}?{q}"
+
+
+@pytest.mark.parametrize("threshold", ["1", "5"])
+def test_jdbc_transcript_same_as_direct(jdbc_classes: Path, db_dsn: str, proxy: ProxyProcess,
+                                        threshold: str) -> None:
+    direct = jdbc(jdbc_classes, url_for(db_dsn, prepareThreshold=threshold), "basic")
+    proxied = jdbc(jdbc_classes, url_for(db_dsn, proxy.port, prepareThreshold=threshold),
+                   "basic")
+    assert proxied == direct
+    assert "batch 200 200" in proxied and "fetch 1000 500500" in proxied
+    assert "error 42P01" in proxied and "aborted 25P02" in proxied
+    assert "multi 1 two upd=4" in proxied
+
+
+def test_jdbc_binary_transfer_and_options(jdbc_classes: Path, db_dsn: str,
+                                          proxy: ProxyProcess) -> None:
+    params = {"prepareThreshold": "-1", "binaryTransfer": "true",
+              "options": "-c%20search_path%3Dpublic", "ApplicationName": "jdbc-imp"}
+    direct = jdbc(jdbc_classes, url_for(db_dsn, **params), "basic")
+    assert jdbc(jdbc_classes, url_for(db_dsn, proxy.port, **params), "basic") == direct
+
+
+def test_jdbc_cancel(jdbc_classes: Path, db_dsn: str, proxy: ProxyProcess) -> None:
+    out = jdbc(jdbc_classes, url_for(db_dsn, proxy.port), "cancel")
+    assert out.splitlines() == ["cancelled 57014 fast=true", "after cancel usable"]
+
+
+def test_jdbc_50_concurrent_clients(jdbc_classes: Path, db_dsn: str,
+                                    proxy: ProxyProcess) -> None:
+    out = jdbc(jdbc_classes, url_for(db_dsn, proxy.port, prepareThreshold="1"),
+               "concurrent", "50")
+    assert out.strip() == "concurrent ok 50"
