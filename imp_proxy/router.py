@@ -118,8 +118,10 @@ class ServicePools:
             p = self._pools.get(dbname)
             if p is None:
                 conninfo = psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
+                # no server-side prepared statements: each use may have another search_path,
+                # and a cached plan must not change its result type
                 p = ConnectionPool(conninfo, min_size=1, max_size=self._max, open=True,
-                                   kwargs={"autocommit": True,
+                                   kwargs={"autocommit": True, "prepare_threshold": None,
                                            "connect_timeout": max(1, int(self._timeout))},
                                    timeout=self._timeout, name=f"imp-service-{dbname}")
                 self._pools[dbname] = p

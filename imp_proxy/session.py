@@ -229,7 +229,7 @@ class Session:
                     self.cbuf += data[shape.end:]
                     self._run_held(intercept.wrap_batch(self, data[pos:shape.end], shape))
                     return
-                else:
+                elif typ != FLUSH:  # a Flush alone (e.g. after Sync) opens no batch
                     self.batch_open = True
             elif typ == TERMINATE:
                 self._up_write(data[fwd:end])
