@@ -1,0 +1,149 @@
+"""IMP statements answered by the proxy, in simple and extended protocol, via psycopg and psql."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors, pq
+
+from imp_proxy.admin import SKETCH_COLUMNS, AdminError, parse_admin
+
+from .conftest import ProxyProcess, StartProxy, via_proxy
+
+HOOK = "tests.imp_proxy.hooks:create_hook"
+Q = "SELECT grp, count(*) AS n FROM probe GROUP BY grp ORDER BY grp"
+
+
+@pytest.fixture(scope="module")
+def hooked(start_proxy: StartProxy) -> ProxyProcess:
+    return start_proxy(hook=HOOK)
+
+
+@pytest.fixture(scope="module")
+def adsn(db_dsn: str, hooked: ProxyProcess) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE probe (id bigserial PRIMARY KEY, grp int NOT NULL)")
+        c.execute("INSERT INTO probe (grp) SELECT g % 4 FROM generate_series(1, 100) g")
+    return via_proxy(db_dsn, hooked.port)
+
+
+def test_parse_admin() -> None:
+    assert parse_admin("imp show sketches;").kind == "show_sketches"
+    assert parse_admin("  IMP   Show\n STATS ").kind == "show_stats"
+    cmd = parse_admin("IMP EXPLAIN SELECT a FROM t GROUP BY a;")
+    assert (cmd.kind, cmd.argument) == ("explain", "SELECT a FROM t GROUP BY a")
+    assert parse_admin("IMP DROP SKETCH 12").argument == "12"
+    assert parse_admin("imp drop all sketches").kind == "drop_all"
+    s = parse_admin("IMP SET Enabled TO 'OFF'")
+    assert (s.kind, s.argument, s.value) == ("set", "enabled", "off")
+    for bad, state in [("IMP DROP SKETCH x", "22P02"), ("IMP SET colour = red", "42704"),
+                       ("IMP FROB", "42601"), ("IMP", "42601")]:
+        with pytest.raises(AdminError) as ei:
+            parse_admin(bad)
+        assert ei.value.sqlstate == state
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_show_sketches_simple_and_extended(adsn: str, prepare: bool) -> None:
+    with psycopg.connect(adsn, autocommit=True) as c:
+        for _ in range(3):  # prepared: Parse once, then Bind/Execute the named statement
+            cur = c.execute("IMP SHOW SKETCHES", prepare=prepare)
+            assert tuple(d.name for d in cur.description or []) == SKETCH_COLUMNS
+            rows = cur.fetchall()
+            assert len(rows) == 1 and rows[0][0] == "1" and rows[0][2] == "probe"
+            assert rows[0][5] == "0, 3" and rows[0][11] is None
+            assert cur.statusmessage == "SELECT 1"
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+        bcur = c.cursor(binary=True)
+        bcur.execute("imp show sketches")
+        assert bcur.fetchall() == rows
+        assert c.execute("SELECT 'after'").fetchone() == ("after",)
+
+
+def kv(c: psycopg.Connection[Any], sql: str, **kw: Any) -> dict[str, Any]:
+    cur = c.execute(sql, **kw)
+    assert [d.name for d in cur.description or []] == ["key", "value"]
+    return dict(cur.fetchall())
+
+
+def test_explain(adsn: str) -> None:
+    with psycopg.connect(adsn, autocommit=True) as c:
+        e = kv(c, f"IMP EXPLAIN {Q}")
+        assert e["decision"] == "use" and e["sketch_id"] == "1" and e["candidate"] == "true"
+        assert "id <= 100" in e["instrumented_sql"] and e["reason"] == "probe sketch"
+        e2 = kv(c, f"IMP EXPLAIN {Q}", prepare=True)
+        assert e2["decision"] == "use"
+        n = kv(c, "IMP EXPLAIN SELECT 1")
+        assert n["decision"] == "passthrough" and n["instrumented_sql"] is None
+        assert n["reason"] == "not a probe query"
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+        # the EXPLAIN's own snapshot transaction is gone: nothing pending, no leftovers
+        assert c.execute("SELECT count(*) FROM pg_prepared_statements"
+                         " WHERE name LIKE '\\_imp%'").fetchone() == (0,)
+    with psycopg.connect(adsn) as c:  # inside a client transaction: would pass through
+        c.execute("SELECT 1")
+        t = kv(c, f"IMP EXPLAIN {Q}")
+        assert t["decision"] == "passthrough" and "transaction" in t["reason"]
+        assert c.info.transaction_status == pq.TransactionStatus.INTRANS
+        c.rollback()
+
+
+def test_stats_set_and_errors(adsn: str) -> None:
+    with psycopg.connect(adsn, autocommit=True) as c:
+        s = kv(c, "IMP SHOW STATS")
+        assert s["session.enabled"] == "true" and s["library"] == "true"
+        assert "hook.prepares" in s and "proxy.wrapped" in s
+        cur = c.execute("IMP SET enabled = off")
+        assert cur.statusmessage == "IMP SET" and cur.description is None
+        assert kv(c, "IMP SHOW STATS")["session.enabled"] == "false"
+        assert kv(c, f"IMP EXPLAIN {Q}")["decision"] == "passthrough"
+        c.execute("IMP SET enabled = on", prepare=True)
+        assert kv(c, "IMP SHOW STATS")["session.enabled"] == "true"
+        for sql, exc in [("IMP SET enabled = maybe", errors.InvalidParameterValue),
+                         ("IMP SET nope = 1", errors.UndefinedObject),
+                         ("IMP SHOW EVERYTHING", errors.SyntaxError)]:
+            for prepare in (False, True):
+                with pytest.raises(exc):
+                    c.execute(sql, prepare=prepare)
+                assert c.execute("SELECT 'usable'").fetchone() == ("usable",)
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+def test_drop(adsn: str) -> None:
+    with psycopg.connect(adsn, autocommit=True) as c:
+        with pytest.raises(errors.UndefinedObject, match="sketch 99 does not exist"):
+            c.execute("IMP DROP SKETCH 99")
+        cur = c.execute("IMP DROP SKETCH 1")
+        assert cur.statusmessage == "IMP DROP SKETCH"
+        assert c.execute("IMP SHOW SKETCHES").fetchall() == []
+        assert c.execute("IMP DROP ALL SKETCHES").statusmessage == "IMP DROP 0"
+
+
+def test_admin_in_a_pipeline_is_left_to_postgres(adsn: str) -> None:
+    """Behind other in-flight messages the proxy cannot answer in order: PostgreSQL reports a
+    syntax error, the session stays consistent."""
+    with psycopg.connect(adsn, autocommit=True) as c:
+        with pytest.raises(errors.SyntaxError), c.pipeline():
+            c.execute("SELECT 1")
+            c.execute("IMP SHOW STATS")
+        assert c.execute("IMP SHOW STATS").fetchall()
+
+
+def test_psql_admin(adsn: str) -> None:
+    res = subprocess.run(["psql", "-X", "-d", adsn, "-c", "IMP SHOW SKETCHES", "-c",
+                          f"IMP EXPLAIN {Q}", "-c", "imp show stats"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "sketch_id | template" in res.stdout and " decision " in res.stdout
+    assert "proxy.admin_commands" in res.stdout
+
+
+def test_without_library(proxy_dsn: str) -> None:
+    with psycopg.connect(proxy_dsn, autocommit=True) as c:
+        assert c.execute("IMP SHOW SKETCHES").fetchall() == []
+        e = kv(c, "IMP EXPLAIN SELECT 1 GROUP BY 1")
+        assert e["decision"] == "passthrough"
+        assert kv(c, "IMP SHOW STATS")["library"] == "false"
