@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _child_env() -> dict[str, str]:
+    """The proxy runs this checkout's code: the repository root leads PYTHONPATH (an editable
+    install made before a package was added would not find it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
+                                        if p)
+    return env
+
+
 class ProxyError(RuntimeError):
     """The proxy could not be started, configured or reached."""
 
@@ -116,7 +128,8 @@ class ProxyProcess:
         logfile = open(self.log_path, "ab")  # noqa: SIM115 — handed to the child
         try:
             self._proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+                                          start_new_session=True, env=_child_env(),
+                                          cwd=REPO_ROOT)
         finally:
             logfile.close()
         self.pid = self._proc.pid
