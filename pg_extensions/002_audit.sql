@@ -24,6 +24,10 @@ DECLARE
     cols text[];
     grantee record;
 BEGIN
+    -- point the row away from the old audit table first, so the drop below is not mistaken for
+    -- a hand-made drop by imp._audit_guard
+    UPDATE imp.tracked_tables SET audit_table = 'imp.tracked_tables'::regclass
+    WHERE relid = rel::oid;
     EXECUTE format('DROP TABLE IF EXISTS imp.%I', audit_name);
     EXECUTE format('CREATE TABLE imp.%I (_xid xid8 NOT NULL, _mult int NOT NULL, LIKE %s)',
                    audit_name, rel);
@@ -214,6 +218,45 @@ BEGIN
     END LOOP;
 END $$;
 
+-- An audit table or audit trigger dropped by hand (not through imp.untrack_table): the table's
+-- deltas can no longer be trusted, and with the audit table gone every write to the base table
+-- would fail in the remaining triggers. Stop tracking it (row, triggers, audit table): its sketches
+-- see table_epoch() = NULL, i.e. invalid, and the next capture tracks it again.
+CREATE OR REPLACE FUNCTION imp._audit_guard() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    d record;
+    rel_oid oid;
+    rel regclass;
+BEGIN
+    FOR d IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
+        rel_oid := NULL;
+        IF d.classid = 'pg_class'::regclass AND d.objsubid = 0 THEN
+            SELECT t.relid INTO rel_oid FROM imp.tracked_tables t
+            WHERE t.audit_table::oid = d.objid;
+        ELSIF d.classid = 'pg_trigger'::regclass AND d.address_names[3] IN
+                ('imp_audit_ins', 'imp_audit_del', 'imp_audit_upd', 'imp_audit_trunc') THEN
+            rel := to_regclass(format('%I.%I', d.address_names[1], d.address_names[2]));
+            IF rel IS NOT NULL AND EXISTS (SELECT 1 FROM imp.tracked_tables t
+                                           WHERE t.relid = rel::oid) THEN
+                rel_oid := rel::oid;
+            END IF;
+        END IF;
+        CONTINUE WHEN rel_oid IS NULL;
+        RAISE WARNING 'imp: audit object % dropped by hand: table % is no longer tracked, '
+                      'its sketches are invalid', d.object_identity, rel_oid::regclass;
+        DELETE FROM imp.tracked_tables WHERE relid = rel_oid;
+        rel := to_regclass(rel_oid::regclass::text);
+        IF rel IS NOT NULL THEN
+            EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_ins ON %s', rel);
+            EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_del ON %s', rel);
+            EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_upd ON %s', rel);
+            EXECUTE format('DROP TRIGGER IF EXISTS imp_audit_trunc ON %s', rel);
+        END IF;
+        EXECUTE format('DROP TABLE IF EXISTS imp.%I', 'delta_' || rel_oid);
+    END LOOP;
+END $$;
+
 DO $$
 BEGIN
     IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
@@ -227,6 +270,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_ddl_drop') THEN
         CREATE EVENT TRIGGER imp_ddl_drop ON sql_drop
             WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION imp._ddl_drop();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_audit_guard') THEN
+        CREATE EVENT TRIGGER imp_audit_guard ON sql_drop
+            WHEN TAG IN ('DROP TABLE', 'DROP TRIGGER') EXECUTE FUNCTION imp._audit_guard();
     END IF;
 END $$;
 
