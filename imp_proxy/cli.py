@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="route decisions cached per query text (default 10000)")
     serve.add_argument("--connect-timeout", type=float, metavar="SECONDS",
                        help="timeout for upstream connections (default 10)")
+    serve.add_argument("--startup-timeout", type=float, metavar="SECONDS",
+                       help="a client that has not completed startup and authentication "
+                            "within this time gets a FATAL error and is disconnected "
+                            "(default 60, like PostgreSQL's authentication_timeout)")
 
     install = sub.add_parser("install", help="install the pg_extensions SQL into a database",
                              description="Apply pg_extensions (schema imp) to a database, "
@@ -90,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("listen", "upstream", "config", "data_dir", "tls_cert", "tls_key",
             "max_message_size", "sketches", "service_pool_size", "decision_cache_size",
-            "connect_timeout")
+            "connect_timeout", "startup_timeout")
     return {k: getattr(args, k, None) for k in keys}
 
 

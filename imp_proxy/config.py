@@ -11,6 +11,7 @@ Environment: ``IMP_LISTEN`` (host:port), ``IMP_UPSTREAM`` (a libpq URI/conninfo)
     service_pool_size = 4       # service connections per database
     decision_cache_size = 10000 # route decisions cached per query text
     connect_timeout = 10.0
+    startup_timeout = 60.0      # a client must finish startup/auth within this (seconds)
     [tls]
     cert = "/path/server.crt"
     key = "/path/server.key"
@@ -75,6 +76,7 @@ class ProxyConfig:
     service_pool_size: int = 4
     decision_cache_size: int = 10000
     connect_timeout: float = 10.0
+    startup_timeout: float = 60.0        # PostgreSQL's authentication_timeout default
 
     @property
     def listen(self) -> str:
@@ -122,8 +124,11 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             if n <= 0:
                 raise ValueError("must be positive")
             return n
-        if key == "connect_timeout":
-            return float(value)
+        if key in ("connect_timeout", "startup_timeout"):
+            t = float(value)
+            if t <= 0:
+                raise ValueError("must be positive")
+            return t
         if key == "sketches":
             if isinstance(value, bool):
                 return value

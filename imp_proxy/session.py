@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import admin, intercept
 from .errors import UpstreamError
 from .protocol import codec
+from .protocol._struct import unpack_int32_from
 from .protocol.framing import (
     BoundaryScanner,
     MessageReader,
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _IDLE = 73  # b"I"
+_ADMIN_FIRST = frozenset(b"Ii \t\r\n")  # a Query/Parse can only be "IMP …" if it starts so
+_EXTENDED = frozenset((PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH))
 _BLOCK_HOLD = 1
 _BLOCK_BACKPRESSURE = 2
 
@@ -108,6 +111,7 @@ class Session:
         self.proxy_key: tuple[int, int] | None = None
         self.upstream_key: tuple[int, int] | None = None
         self.enabled = server.config.sketches
+        self.sketching = self.enabled and self.router.hook is not None  # hot-path flag
         # extended-protocol bookkeeping for IMP statements answered locally
         self.local_batch = False
         self.local_error = False
@@ -117,6 +121,10 @@ class Session:
         self.statements: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._shape: intercept.BatchShape | None = None
+        self._tls_done = False
+        # a client must complete startup + authentication in time (slowloris, stuck clients)
+        self._startup_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            server.config.startup_timeout, self._startup_expired)
 
     # ------------------------------------------------------------------ properties
 
@@ -131,7 +139,12 @@ class Session:
 
     @property
     def hook_on(self) -> bool:
-        return self.enabled and self.router.hook is not None
+        return self.sketching
+
+    def set_enabled(self, enabled: bool) -> None:
+        """IMP SET enabled = on|off (session scope)."""
+        self.enabled = enabled
+        self.sketching = enabled and self.router.hook is not None
 
     # ------------------------------------------------------------------ client side
 
@@ -185,8 +198,17 @@ class Session:
         n = len(data)
         pos = fwd = 0
         maxsize = self.max_message
+        unpack = unpack_int32_from
         while pos < n:
-            end = frame_end(data, pos, maxsize)
+            # inlined frame_end(): this loop is the client→upstream hot path
+            end = -1
+            if pos + 5 <= n:
+                length = unpack(data, pos + 1)[0]
+                if length < 4 or length > maxsize:
+                    frame_end(data, pos, maxsize)  # raises ProtocolViolation with details
+                end = pos + 1 + length
+                if end > n:
+                    end = -1
             if end < 0:
                 if data[pos] == COPY_DATA and pos + 5 <= n:
                     # stream a large CopyData instead of buffering it whole
@@ -195,7 +217,10 @@ class Session:
                 break
             typ = data[pos]
             if typ == QUERY:
-                if self.idle and not self.local_batch and self._query_special(data, pos, end):
+                if (self.pending == 0 and not self.batch_open and not self.local_batch
+                        and end > pos + 5
+                        and (self.sketching or data[pos + 5] in _ADMIN_FIRST)
+                        and self._query_special(data, pos, end)):
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
                     self.cbuf += data[end:]
@@ -210,8 +235,10 @@ class Session:
                 else:
                     self.pending += 1
                     self.batch_open = False
-            elif typ in (PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH):
-                special = self._extended_special(data, pos, end)
+            elif typ in _EXTENDED:
+                special = (self._extended_special(data, pos, end)
+                           if (typ == PARSE or self.sketching or self.local_batch
+                               or self.admin_stmts or self.admin_portals) else None)
                 if special == "hold":
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
@@ -252,10 +279,10 @@ class Session:
     def _query_special(self, data: bytes, pos: int, end: int) -> bool:
         """Starts intercepting this Query when it is an IMP statement or may be sketched."""
         body = data[pos + 5:end - 1]
-        if admin.is_admin(body):
+        if body[:1] and body[0] in _ADMIN_FIRST and admin.is_admin(body):
             self._run_held(self._admin_query(body))
             return True
-        if not self.hook_on or self.scanner.status != _IDLE:
+        if not self.sketching or self.scanner.status != _IDLE:
             return False
         if not prefilter(body):
             return False
@@ -281,7 +308,8 @@ class Session:
             name_end = data.find(b"\x00", pos + 5, end)
             if name_end < 0:
                 raise ProtocolViolation("malformed Parse message")
-            if admin.is_admin(data[name_end + 1:name_end + 17]):
+            if (name_end + 1 < end and data[name_end + 1] in _ADMIN_FIRST
+                    and admin.is_admin(data[name_end + 1:name_end + 17])):
                 if self.idle:
                     self.local_batch = True
                     self.local_error = False
@@ -289,7 +317,13 @@ class Session:
                 return None  # in a pipeline: let PostgreSQL report the syntax error
             if self.admin_stmts:
                 self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
-            if self.hook_on:
+            if self.sketching:
+                sql_end = data.find(b"\x00", name_end + 1, end)
+                if not prefilter(data[name_end + 1:sql_end]):  # cheap: most are never sketched
+                    if self.statements:
+                        self.statements.pop(data[pos + 5:name_end].decode(errors="replace"),
+                                            None)
+                    return None
                 msg = codec.decode_parse(bytes(data[pos:end]))
                 self.statements[msg.name] = (msg.sql, msg.param_types)
                 if self.idle and self.scanner.status == _IDLE and self._batch_candidate(
@@ -301,7 +335,7 @@ class Session:
                 self.local_batch = True
                 self.local_error = False
                 return self._local_message(bytes(data[pos:end]))
-        if typ == BIND and self.hook_on and self.idle and self.scanner.status == _IDLE:
+        if typ == BIND and self.sketching and self.idle and self.scanner.status == _IDLE:
             name_end = data.find(b"\x00", pos + 5, end)  # skip the portal name
             stmt_end = data.find(b"\x00", name_end + 1, end)
             stmt = data[name_end + 1:stmt_end].decode(errors="replace")
@@ -549,6 +583,7 @@ class Session:
         self.client.write(b"".join(out))
         if ready:
             self.phase = Phase.READY
+            self._cancel_startup_timer()
             self.router.count("connections")
             self.leave_parse_mode()
             if self.cbuf:
@@ -612,6 +647,7 @@ class Session:
             self.phase = Phase.CLOSED
             return
         self.client = new
+        self._tls_done = True
         if self.cbuf:
             self._startup()
 
@@ -630,6 +666,22 @@ class Session:
             data = bytes(self.cbuf)
             self.cbuf.clear()
             self.upstream.write(data)
+
+    def _startup_expired(self) -> None:
+        self._startup_timer = None
+        if self.phase not in (Phase.STARTUP, Phase.CONNECTING, Phase.AUTH):
+            return
+        timeout = self.server.config.startup_timeout
+        log.info("client did not complete startup within %.1f s", timeout)
+        if self.tls and not self._tls_done:  # mid-handshake: no way to send a message
+            self.close()
+            return
+        self.fatal("08P01", f"startup and authentication not completed within {timeout:g} s")
+
+    def _cancel_startup_timer(self) -> None:
+        if self._startup_timer is not None:
+            self._startup_timer.cancel()
+            self._startup_timer = None
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -675,6 +727,7 @@ class Session:
         if self.phase is Phase.CLOSED and self.upstream is None:
             self.client.close()
             return
+        self._cancel_startup_timer()
         busy = self.phase is Phase.READY and (self.pending > 0 or self.hold or self.batch_open)
         self.phase = Phase.CLOSED
         self.client.close()
