@@ -367,7 +367,7 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
             return admin.AdminResult(None, (), f"IMP DROP {n}")
         if cmd.kind == "set":
             assert cmd.value is not None
-            s.enabled = admin.parse_bool_setting(cmd.value)
+            s.set_enabled(admin.parse_bool_setting(cmd.value))
             return admin.AdminResult(None, (), "IMP SET")
     except ServiceError as exc:
         raise admin.AdminError("08006", str(exc)) from exc

@@ -1,0 +1,256 @@
+"""Relay overhead: ``pgbench -S`` directly, through PgBouncer and through the IMP proxy.
+
+``python -m bench.pgbench_bench [--scale 5] [--duration 10] [--out bench/results/pgbench.md]``
+
+One run starts a throwaway PostgreSQL 15, initialises pgbench tables, starts PgBouncer
+(session pooling, auth_type trust, run as the ``postgres`` user when root) and the proxy (as
+subprocesses, stopped by PID), then runs ``pgbench -S`` for each target × protocol (simple,
+extended) × clients (1, 8). It reports TPS, the TPS ratio to direct, and the latency added per
+transaction at p50/p99 (from pgbench's per-transaction log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import platform
+import pwd
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from imp_proxy.embedded import LocalPostgres, free_port
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+class BenchError(RuntimeError):
+    """A component of the benchmark could not be started or failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    target: str
+    mode: str
+    clients: int
+    tps: float
+    p50_ms: float
+    p99_ms: float
+    transactions: int
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError(f"{what} not listening on {port} after {timeout}s")
+
+
+def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def pgbouncer(pg: LocalPostgres, workdir: Path) -> Iterator[int]:
+    """PgBouncer in session pooling mode in front of ``pg``; yields its port."""
+    d = workdir / "pgbouncer"
+    d.mkdir()
+    port = free_port()
+    (d / "userlist.txt").write_text('"postgres" ""\n')
+    (d / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host=127.0.0.1 port={pg.port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = trust\n"
+        f"auth_file = {d / 'userlist.txt'}\n"
+        "pool_mode = session\nmax_client_conn = 200\ndefault_pool_size = 50\n"
+        f"logfile = {d / 'pgbouncer.log'}\npidfile = {d / 'pgbouncer.pid'}\n"
+        "ignore_startup_parameters = extra_float_digits\n")
+    argv = [PGBOUNCER, str(d / "pgbouncer.ini")]
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root
+        pw = pwd.getpwnam("postgres")
+        for p in (workdir, d, *d.iterdir()):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        argv = ["runuser", "-u", "postgres", "--", *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_port(port, proc, "pgbouncer")
+        pid = int((d / "pgbouncer.pid").read_text().split()[0])
+    except (BenchError, OSError, ValueError):
+        _stop(proc.pid, proc, signal.SIGKILL)
+        raise
+    log.info("pgbouncer pid %d on port %d", pid, port)
+    try:
+        yield port
+    finally:
+        _stop(pid, proc)
+
+
+@contextlib.contextmanager
+def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str) -> Iterator[int]:
+    """``python -m imp_proxy serve`` in front of ``pg``; yields its port."""
+    port = free_port()
+    logfile = workdir / f"imp-proxy-{port}.log"
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "imp_proxy", "--log-level", "WARNING", "serve",
+             "--listen", f"127.0.0.1:{port}", "--upstream", pg.dsn(), *extra],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_port(port, proc, "imp-proxy")
+    except BenchError:
+        _stop(proc.pid, proc, signal.SIGKILL)
+        raise BenchError(logfile.read_text(errors="replace")) from None
+    try:
+        yield port
+    finally:
+        _stop(proc.pid, proc, signal.SIGTERM)
+
+
+def run_pgbench(port: int, mode: str, clients: int, duration: int,
+                workdir: Path) -> tuple[float, list[float]]:
+    """TPS and per-transaction latencies (ms) of one ``pgbench -S`` run."""
+    logdir = Path(tempfile.mkdtemp(prefix="pgbench-log-", dir=workdir))
+    argv = ["pgbench", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-n", "-S",
+            "-M", mode, "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(duration),
+            "-l", "--log-prefix", str(logdir / "tx"), "postgres"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
+    if res.returncode != 0:
+        raise BenchError(f"pgbench failed: {res.stderr.strip()}")
+    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", res.stdout)
+    if m is None:
+        raise BenchError(f"no TPS in pgbench output: {res.stdout}")
+    latencies: list[float] = []
+    for f in logdir.iterdir():
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3:
+                latencies.append(int(parts[2]) / 1000.0)
+    shutil.rmtree(logdir, ignore_errors=True)
+    return float(m.group(1)), latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def measure(target: str, port: int, duration: int, workdir: Path) -> list[Result]:
+    out = []
+    for mode in ("simple", "extended"):
+        for clients in (1, 8):
+            tps, lat = run_pgbench(port, mode, clients, duration, workdir)
+            r = Result(target, mode, clients, tps, percentile(lat, 50), percentile(lat, 99),
+                       len(lat))
+            log.info("%-22s %-8s c=%d tps=%9.0f p50=%.3fms p99=%.3fms", target, mode, clients,
+                     tps, r.p50_ms, r.p99_ms)
+            out.append(r)
+    return out
+
+
+def report(results: list[Result], argv: list[str], scale: int, duration: int) -> str:
+    direct = {(r.mode, r.clients): r for r in results if r.target == "direct"}
+    lines = [
+        "# pgbench -S: direct vs PgBouncer vs IMP proxy",
+        "",
+        f"Command: `{' '.join(argv)}`  ",
+        f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; PostgreSQL 15 (throwaway cluster, fsync off), "
+        f"pgbench scale {scale}, {duration} s per configuration, "
+        "`pgbench -S -M <mode> -c <clients> -j min(clients,2)`. PgBouncer 1.x session "
+        "pooling. All processes share the same 2 cores, so relay CPU competes with "
+        "PostgreSQL and pgbench.",
+        "",
+        "| target | protocol | clients | TPS | ratio vs direct | p50 ms | p99 ms "
+        "| added p50 ms | added p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        d = direct[(r.mode, r.clients)]
+        lines.append(
+            f"| {r.target} | {r.mode} | {r.clients} | {r.tps:,.0f} | {r.tps / d.tps:.2f} "
+            f"| {r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.p50_ms - d.p50_ms:+.3f} "
+            f"| {r.p99_ms - d.p99_ms:+.3f} |")
+    lines += ["", "Overhead relative to PgBouncer (added p50 latency per transaction, "
+              "proxy / pgbouncer):", ""]
+    bouncer = {(r.mode, r.clients): r for r in results if r.target == "pgbouncer"}
+    for r in results:
+        if not r.target.startswith("imp-proxy"):
+            continue
+        d, b = direct[(r.mode, r.clients)], bouncer[(r.mode, r.clients)]
+        added_b = b.p50_ms - d.p50_ms
+        ratio = (r.p50_ms - d.p50_ms) / added_b if added_b > 0 else float("nan")
+        lines.append(f"* {r.target}, {r.mode}, {r.clients} clients: "
+                     f"{r.p50_ms - d.p50_ms:+.3f} ms vs {added_b:+.3f} ms → {ratio:.2f}×")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--scale", type=int, default=5, help="pgbench scale factor (default 5)")
+    parser.add_argument("--duration", type=int, default=10,
+                        help="seconds per configuration (default 10)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pgbench.md",
+                        help="markdown report to write")
+    parser.add_argument("--skip-pgbouncer", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    cmdline = ["python", "-m", "bench.pgbench_bench", *(argv if argv is not None else sys.argv[1:])]
+    workdir = Path(tempfile.mkdtemp(prefix="imp-pgbench-"))
+    results: list[Result] = []
+    try:
+        with LocalPostgres.throwaway_cluster() as pg:
+            subprocess.run(["pgbench", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                            "-i", "-q", "-s", str(args.scale), "postgres"], check=True,
+                           capture_output=True)
+            results += measure("direct", pg.port, args.duration, workdir)
+            if not args.skip_pgbouncer:
+                with pgbouncer(pg, workdir) as port:
+                    results += measure("pgbouncer", port, args.duration, workdir)
+            with imp_proxy(pg, workdir, "--no-sketches") as port:
+                results += measure("imp-proxy (relay only)", port, args.duration, workdir)
+            with imp_proxy(pg, workdir) as port:
+                results += measure("imp-proxy (sketches on)", port, args.duration, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    text = report(results, cmdline, args.scale, args.duration)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The proxy with the real sketch library (sketches.manager.SketchManager, loaded by default):
+sketched SELECTs in simple and extended protocol return exactly what PostgreSQL returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from .conftest import ProxyProcess, StartProxy, via_proxy
+
+pytest.importorskip("sketches.manager")
+
+HAVING = "SELECT g, sum(v) AS s FROM sm GROUP BY g HAVING sum(v) > 1000000 ORDER BY g"
+HAVING_P = "SELECT g, sum(v) AS s FROM sm GROUP BY g HAVING sum(v) > %s ORDER BY g"
+TOPK = "SELECT g, count(*) AS n FROM sm GROUP BY g ORDER BY count(*) DESC, g LIMIT 5"
+
+
+@pytest.fixture(scope="module")
+def library_proxy(start_proxy: StartProxy) -> ProxyProcess:
+    return start_proxy(hook="sketches.manager:SketchManager")
+
+
+@pytest.fixture(scope="module")
+def ldsn(db_dsn: str, library_proxy: ProxyProcess) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE sm (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO sm SELECT i, i % 100, (i * 37) % 1000 FROM"
+                  " generate_series(1, 20000) i ORDER BY i % 100")
+        c.execute("INSERT INTO sm SELECT 20000 + i, 7, 5000 FROM generate_series(1, 300) i")
+        c.execute("ANALYZE sm")
+    return via_proxy(db_dsn, library_proxy.port)
+
+
+def stats(c: psycopg.Connection[Any]) -> dict[str, str]:
+    return {k: v for k, v in c.execute("IMP SHOW STATS").fetchall()}
+
+
+def test_sketched_queries_same_as_direct(ldsn: str, db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        before = int(stats(c)["proxy.wrapped"])
+        for _ in range(2):  # capture, then use
+            assert c.execute(HAVING).fetchall() == d.execute(HAVING).fetchall()
+            assert c.execute(TOPK).fetchall() == d.execute(TOPK).fetchall()
+            for threshold in (1000000, 100500):
+                assert c.execute(HAVING_P, (threshold,)).fetchall() == \
+                    d.execute(HAVING_P, (threshold,)).fetchall()
+        after = stats(c)
+        assert int(after["proxy.wrapped"]) > before
+        assert int(after["proxy.used"]) >= 1, after  # an instrumented query really ran
+        assert d.execute(HAVING).fetchall() == [(7, 1601800)]  # the data is as intended
+        explain = dict(c.execute(f"IMP EXPLAIN {HAVING}").fetchall())
+        assert explain["decision"] in ("use", "capture") and explain["candidate"] == "true"
+        sketches = c.execute("IMP SHOW SKETCHES").fetchall()
+        assert sketches and any("sm" in str(row[2]) for row in sketches)
+        # a write through the proxy; the next answer must still be exact
+        c.execute("INSERT INTO sm VALUES (30001, 3, 999999)")
+        assert c.execute(HAVING).fetchall() == d.execute(HAVING).fetchall()
+
+
+def test_dropping_sketches(ldsn: str) -> None:
+    with psycopg.connect(ldsn, autocommit=True) as c:
+        c.execute(HAVING).fetchall()
+        assert c.execute("IMP SHOW SKETCHES").fetchall()
+        c.execute("IMP DROP ALL SKETCHES")
+        assert c.execute("IMP SHOW SKETCHES").fetchall() == []
