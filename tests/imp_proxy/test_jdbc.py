@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from .conftest import ProxyProcess
+from .conftest import ProxyProcess, StartProxy, via_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 JAR = Path("/usr/share/java/postgresql.jar")
@@ -69,3 +69,24 @@ def test_jdbc_50_concurrent_clients(jdbc_classes: Path, db_dsn: str,
     out = jdbc(jdbc_classes, url_for(db_dsn, proxy.port, prepareThreshold="1"),
                "concurrent", "50")
     assert out.strip() == "concurrent ok 50"
+
+
+@pytest.mark.parametrize("params", [{"prepareThreshold": "1"},
+                                    {"prepareThreshold": "1", "binaryTransfer": "false"},
+                                    {"prepareThreshold": "5"}])
+def test_jdbc_sketch_wrapping(jdbc_classes: Path, db_dsn: str, start_proxy: StartProxy,
+                              params: dict[str, str]) -> None:
+    """pgjdbc's unnamed and server-prepared (named, binary-parameter) statements are wrapped
+    and return exactly what PostgreSQL returns."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS probe (id bigserial PRIMARY KEY, grp int)")
+        c.execute("TRUNCATE probe")
+        c.execute("INSERT INTO probe (grp) SELECT g % 3 FROM generate_series(1, 90) g")
+    hooked = start_proxy(hook="tests.imp_proxy.hooks:create_hook")
+    direct = jdbc(jdbc_classes, url_for(db_dsn, **params), "probe")
+    proxied = jdbc(jdbc_classes, url_for(db_dsn, hooked.port, **params), "probe")
+    assert proxied == direct and proxied.count("probe ") == 6
+    with psycopg.connect(via_proxy(db_dsn, hooked.port), autocommit=True) as c:
+        s = dict(c.execute("IMP SHOW STATS").fetchall())
+    assert s["proxy.wrapped"] == "6" and s["proxy.fallbacks"] == "0"
+    assert s["hook.last_params"] == "[50, 2]"

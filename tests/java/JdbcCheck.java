@@ -14,6 +14,7 @@ public class JdbcCheck {
             case "basic": basic(url); break;
             case "concurrent": concurrent(url, Integer.parseInt(args[2])); break;
             case "cancel": cancel(url); break;
+            case "probe": probe(url); break;
             default: throw new IllegalArgumentException(args[1]);
         }
     }
@@ -114,6 +115,26 @@ public class JdbcCheck {
             }
             DatabaseMetaData md = c.getMetaData();
             System.out.println("meta " + md.getDatabaseProductName() + " " + md.getDatabaseMajorVersion());
+        }
+    }
+
+    // a parameterised GROUP BY query that the test hook of tests/imp_proxy/hooks.py sketches
+    static void probe(String url) throws Exception {
+        try (Connection c = DriverManager.getConnection(url);
+             PreparedStatement ps = c.prepareStatement("SELECT grp, count(*) AS n, max(id) AS m"
+                     + " FROM probe WHERE id >= ? AND grp = ? GROUP BY grp ORDER BY grp")) {
+            for (int k = 0; k < 6; k++) {
+                ps.setLong(1, k * 10L);
+                ps.setInt(2, k % 3);
+                try (ResultSet rs = ps.executeQuery()) {
+                    StringBuilder sb = new StringBuilder("probe " + k + ":");
+                    while (rs.next()) {
+                        sb.append(' ').append(rs.getInt(1)).append('/').append(rs.getLong(2))
+                          .append('/').append(rs.getLong(3));
+                    }
+                    System.out.println(sb);
+                }
+            }
         }
     }
 
