@@ -89,11 +89,12 @@ class TableInfo:
 def require_snapshot(conn: psycopg.Connection[Any]) -> str:
     """The current transaction's snapshot; raises :class:`SnapshotRequired` if statements of
     this transaction may see different snapshots."""
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-        raise SnapshotRequired("deltas must be read inside an open transaction")
     row = conn.execute("SELECT pg_current_snapshot()::text,"
                        " current_setting('transaction_isolation')").fetchone()
     assert row is not None
+    # checked after the statement: psycopg opens its transaction lazily, on the first one
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        raise SnapshotRequired("deltas must be read inside an open transaction")
     if row[1] not in ("repeatable read", "serializable"):
         raise SnapshotRequired(f"isolation level {row[1]!r}: needs REPEATABLE READ")
     return str(row[0])

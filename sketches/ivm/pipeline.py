@@ -1,0 +1,433 @@
+"""A compiled incremental pipeline bound to PostgreSQL (see :mod:`sketches.ivm.plan`).
+
+Lifecycle (all calls take a connection inside a REPEATABLE READ transaction; the pipeline
+never commits):
+
+* ``build_state(conn)`` at capture: pushed-down queries (``GROUP BY g, fragment`` partial
+  aggregates, top-l value multisets for min/max, top-l rows WITH TIES for top-k) fill the
+  operators' state; the version becomes ``pg_current_snapshot()``. Every table must be tracked
+  (``imp.track_table``) in a transaction committed before this snapshot was taken.
+* ``maintain(conn) -> SketchDelta``: fetches the deltas since the version in conn's snapshot,
+  steps the operators, advances the version. A query calls it in its own snapshot.
+* ``sketch()``: the current fragment sets (one per target, in target order).
+* ``snapshot()`` / ``restore()``: JSON-able state (see :mod:`sketches.ivm.state`).
+
+Any exception inside ``maintain`` after the first operator stepped leaves the in-memory state
+half-updated: the pipeline marks itself broken and later calls raise :class:`PipelineBroken`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sketches import deltas
+from sketches.ivm.codec import Json
+from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
+from sketches.ivm.ops.aggregate import Aggregate
+from sketches.ivm.ops.distinct import Distinct
+from sketches.ivm.ops.having import Having
+from sketches.ivm.ops.join import Join, Key
+from sketches.ivm.ops.merge import Merge, SketchDelta
+from sketches.ivm.ops.project import Project
+from sketches.ivm.ops.scan import Scan
+from sketches.ivm.ops.topk import TopK
+from sketches.ivm.plan import PlanSpec
+from sketches.ivm.zset import Ann, Entry, Row, ZSet
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+Conn = psycopg.Connection[Any]
+
+
+def _raw(text: str) -> sql.Composable:
+    return sql.SQL(text)  # analysed SQL printed by pglast, parameters already bound
+
+
+def _in_list(exprs: Sequence[str], keys: set[Key]) -> sql.Composable:
+    lits = [sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(v) for v in k))
+            for k in sorted(keys, key=repr)]
+    return sql.SQL("({}) IN ({})").format(sql.SQL(", ").join(_raw(e) for e in exprs),
+                                          sql.SQL(", ").join(lits))
+
+
+class _PgJoinBackend:
+    """R' and S' of join ``step`` live in PostgreSQL; partner rows come from the snapshot."""
+
+    def __init__(self, pipeline: Pipeline, step: int) -> None:
+        self.pipeline = pipeline
+        self.step = step
+
+    def advance(self, left: ZSet, right: ZSet) -> None:
+        """Nothing to do: PostgreSQL's snapshot already holds the new state."""
+
+    def left_matching(self, keys: set[Key]) -> ZSet:
+        js = self.pipeline.spec.joins[self.step]
+        return self.pipeline.current(range(self.step + 1), [_in_list(js.left_sql, keys)])
+
+    def right_matching(self, keys: set[Key]) -> ZSet:
+        js = self.pipeline.spec.joins[self.step]
+        return self.pipeline.current([self.step + 1], [_in_list(js.right_sql, keys)])
+
+
+class Pipeline:
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self.version: str | None = None
+        self.relids: tuple[int, ...] = ()
+        self.epochs: tuple[int, ...] = ()
+        self.broken = False
+        self._conn: Conn | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Fresh operators (empty state)."""
+        spec = self.spec
+        s = spec.slots
+        self.scans = [Scan(s, t.slot, len(t.payload) if t.slot is not None else None)
+                      for t in spec.tables]
+        self.joins = [Join(j.left_key, j.right_key, _PgJoinBackend(self, i))
+                      for i, j in enumerate(spec.joins)]
+        self.aggregate: Aggregate | None = None
+        self.having: Having | None = None
+        self.order_project: Project | None = None
+        self.distinct_project: Project | None = None
+        self.distinct: Distinct | None = None
+        self.topk: TopK | None = None
+        opts = spec.options
+        if spec.kind == "aggregate":
+            self.aggregate = Aggregate(spec.group_by, spec.aggs, s, scalar=spec.scalar,
+                                       buffer_limit=opts.minmax_buffer, refill=self._refill_values)
+            self.having = Having(spec.having) if spec.having is not None else None
+            if spec.k is not None:
+                width = len(spec.group_by) + len(spec.aggs)
+                self.order_project = Project([*range(width), *spec.order_exprs])
+                self.topk = TopK(spec.order, spec.k)
+        elif spec.kind == "distinct":
+            self.distinct_project = Project(spec.distinct_cols)
+            self.distinct = Distinct(len(spec.distinct_cols), s)
+            if spec.k is not None:
+                self.topk = TopK(spec.order, spec.k)
+        elif spec.kind == "topk":
+            assert spec.k is not None
+            limit = opts.topk_buffer or max(2 * spec.k, spec.k + 64)
+            self.topk = TopK(spec.order, spec.k, buffer_limit=limit, refill=self._refill_top)
+        self.merge = Merge(s)
+
+    # ---- SQL over the current snapshot --------------------------------------------------
+    def _from_where(self, positions: Sequence[int],
+                    extra: Sequence[sql.Composable] = ()) -> sql.Composable:
+        tables = [self.spec.tables[p] for p in positions]
+        items = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(_raw(t.relation), sql.Identifier(t.alias)) for t in tables)
+        conds: list[sql.Composable] = [_raw(w) for t in tables for w in t.where]
+        conds += [sql.SQL("{} = {}").format(_raw(x), _raw(y))
+                  for pa, x, pb, y in self.spec.equalities if pa in positions and pb in positions]
+        conds += list(extra)
+        where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
+        return sql.SQL("FROM {}{}").format(items, where)
+
+    def _frag_cols(self, positions: Sequence[int]) -> list[tuple[int, str]]:
+        """(slot, fragment SQL) of the sketched tables among ``positions``."""
+        return [(t.slot, t.fragment) for t in (self.spec.tables[p] for p in positions)
+                if t.slot is not None and t.fragment is not None]
+
+    def _run(self, query: sql.Composable) -> list[tuple[Any, ...]]:
+        assert self._conn is not None
+        return self._conn.execute(query).fetchall()
+
+    def current(self, positions: Sequence[int], extra: Sequence[sql.Composable] = (),
+                order_limit: sql.Composable | None = None) -> ZSet:
+        """Annotated rows of the join of ``positions`` in the current snapshot."""
+        positions = list(positions)
+        cols: list[sql.Composable] = []
+        for p in positions:
+            t = self.spec.tables[p]
+            cols += [_raw(e) for e in t.payload]
+            if t.fragment is not None:
+                cols.append(_raw(t.fragment))
+        query = sql.SQL("SELECT {} {}{}").format(
+            sql.SQL(", ").join(cols), self._from_where(positions, extra),
+            order_limit if order_limit is not None else sql.SQL(""))
+        out = ZSet()
+        for r in self._run(query):
+            out.add(*self._annotate(positions, r), 1)
+        return out
+
+    def _annotate(self, positions: Sequence[int], r: Sequence[Any]) -> tuple[Row, Ann]:
+        row: list[Any] = []
+        slots: list[frozenset[int]] = [frozenset() for _ in range(self.spec.slots)]
+        at = 0
+        for p in positions:
+            t = self.spec.tables[p]
+            row += r[at:at + len(t.payload)]
+            at += len(t.payload)
+            if t.fragment is not None and t.slot is not None:
+                slots[t.slot] = frozenset((int(r[at]),))
+                at += 1
+        return tuple(row), tuple(slots)
+
+    # ---- capture -------------------------------------------------------------------------
+    def track(self, conn: Conn) -> None:
+        """``imp.track_table`` for every table; commit before the snapshot of build_state."""
+        for t in self.spec.tables:
+            deltas.ensure_tracked(conn, t.relation)
+
+    def build_state(self, conn: Conn) -> tuple[frozenset[int], ...]:
+        """Builds every operator's state in conn's snapshot; returns the sketch."""
+        version = deltas.require_snapshot(conn)
+        infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
+        self._reset()
+        self._conn = conn
+        try:
+            out = self._initial_output()
+            self.merge.step(out)
+        finally:
+            self._conn = None
+        self.version = version
+        self.relids = tuple(i.relid for i in infos)
+        self.epochs = tuple(i.epoch for i in infos)
+        log.debug("built state at %s: %s", version, [len(s) for s in self.sketch()])
+        return self.sketch()
+
+    def _all(self) -> list[int]:
+        return list(range(len(self.spec.tables)))
+
+    def _initial_output(self) -> ZSet:
+        spec = self.spec
+        frags = self._frag_cols(self._all())
+        if self.aggregate is not None:
+            self._load_aggregate(frags)
+            out = self.aggregate.current_output()
+            return self._above_aggregate(out)
+        if self.distinct is not None:
+            cols = [_raw(self._payload_sql(c)) for c in spec.distinct_cols]
+            rows = self._grouped(cols, frags, [])
+            z = ZSet((tuple(r[:len(cols)]), self._ann(frags, r[len(cols):-1]), int(r[-1]))
+                     for r in rows)
+            out = self.distinct.step(z)
+            return self.topk.step(out) if self.topk is not None else out
+        if self.topk is not None:
+            self.topk.load(*self._top_rows())
+            return self.topk.top()
+        rows = self._grouped([], frags, [])
+        return ZSet(((), self._ann(frags, r[:-1]), int(r[-1])) for r in rows)
+
+    def _payload_sql(self, pos: int) -> str:
+        for t in self.spec.tables:
+            if pos < len(t.payload):
+                return t.payload[pos]
+            pos -= len(t.payload)
+        raise IndexError(pos)
+
+    def _ann(self, frags: Sequence[tuple[int, str]], ids: Sequence[Any]) -> Ann:
+        slots: list[frozenset[int]] = [frozenset() for _ in range(self.spec.slots)]
+        for (slot, _f), fid in zip(frags, ids, strict=True):
+            slots[slot] = frozenset((int(fid),))
+        return tuple(slots)
+
+    def _grouped(self, keys: Sequence[sql.Composable], frags: Sequence[tuple[int, str]],
+                 aggregates: Sequence[sql.Composable],
+                 extra: Sequence[sql.Composable] = ()) -> list[tuple[Any, ...]]:
+        """``SELECT keys, frags, aggregates, count(*) … GROUP BY keys, frags``."""
+        group = [*keys, *(_raw(f) for _s, f in frags)]
+        select = sql.SQL(", ").join([*group, *aggregates, sql.SQL("count(*)")])
+        by = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
+            sql.SQL(str(i + 1)) for i in range(len(group)))) if group else sql.SQL("")
+        query = sql.SQL("SELECT {} {}{}").format(select, self._from_where(self._all(), extra), by)
+        return self._run(query)
+
+    def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
+        agg, spec = self.aggregate, self.spec
+        assert agg is not None
+        partials: list[sql.Composable] = []
+        for a, arg in zip(spec.aggs, spec.agg_sql, strict=True):
+            if a.func == "count_star":
+                partials.append(sql.SQL("count(*)"))
+            elif a.func in ("sum", "avg"):
+                partials += [sql.SQL("sum({})").format(_raw(arg or "")),
+                             sql.SQL("count({})").format(_raw(arg or ""))]
+            else:
+                partials.append(sql.SQL("count({})").format(_raw(arg or "")))
+        ng, nf = len(spec.group_sql), len(frags)
+        for r in self._grouped([_raw(g) for g in spec.group_sql], frags, partials):
+            parts: list[object] = []
+            at = ng + nf
+            for a in spec.aggs:
+                if a.func in ("sum", "avg"):
+                    parts.append((r[at], r[at + 1]))
+                    at += 2
+                else:
+                    parts.append(r[at])
+                    at += 1
+            ids = [None] * spec.slots
+            for (slot, _f), fid in zip(frags, r[ng:ng + nf], strict=True):
+                ids[slot] = int(fid)
+            agg.absorb_partial(tuple(r[:ng]), ids, int(r[-1]), parts)
+        for i, a in enumerate(spec.aggs):
+            if a.func in ("min", "max"):
+                by_group: dict[Row, list[tuple[object, int]]] = {}
+                for r in self._value_rows(i, None):
+                    by_group.setdefault(tuple(r[:ng]), []).append((r[ng], int(r[ng + 1])))
+                for key in agg.groups:
+                    agg.load_values(key, i, *self._best(a.func, by_group.get(key, [])))
+
+    def _best(self, func: str, values: list[tuple[object, int]]
+              ) -> tuple[list[tuple[object, int]], bool]:
+        limit = self.spec.options.minmax_buffer
+        values.sort(key=lambda vm: vm[0], reverse=func == "max")  # type: ignore[arg-type,return-value]
+        if limit is None or len(values) <= limit:
+            return values, True
+        return values[:limit], False
+
+    def _value_rows(self, i: int, key: Row | None) -> list[tuple[Any, ...]]:
+        """``g…, v, multiplicity`` of the best ``l + 1`` distinct values of aggregate ``i`` per
+        group (of group ``key`` only, if given)."""
+        spec = self.spec
+        arg = _raw(spec.agg_sql[i] or "")
+        gnames = [sql.Identifier(f"_g{j}") for j in range(len(spec.group_sql))]
+        extra: list[sql.Composable] = [sql.SQL("{} IS NOT NULL").format(arg)]
+        if key is not None:
+            extra += [sql.SQL("{} IS NOT DISTINCT FROM {}").format(_raw(g), sql.Literal(v))
+                      for g, v in zip(spec.group_sql, key, strict=True)]
+        base = sql.SQL("SELECT {} {}").format(
+            sql.SQL(", ").join([*(sql.SQL("{} AS {}").format(_raw(g), n)
+                                  for g, n in zip(spec.group_sql, gnames, strict=True)),
+                                sql.SQL("{} AS _v").format(arg)]),
+            self._from_where(self._all(), extra))
+        direction = sql.SQL("DESC" if spec.aggs[i].func == "max" else "ASC")
+        part = (sql.SQL("PARTITION BY ") + sql.SQL(", ").join(gnames)) if gnames else sql.SQL("")
+        limit = spec.options.minmax_buffer
+        cut = (sql.SQL(" WHERE _r <= {}").format(sql.Literal(limit + 1))
+               if limit is not None else sql.SQL(""))
+        query = sql.SQL(
+            "SELECT {g}_v, count(*) FROM (SELECT *, dense_rank() OVER ({part} ORDER BY _v {d})"
+            " AS _r FROM ({base}) AS b) AS r{cut} GROUP BY {g}_v").format(
+            g=sql.SQL("").join(sql.SQL("{}, ").format(n) for n in gnames),
+            part=part, d=direction, base=base, cut=cut)
+        return self._run(query)
+
+    def _refill_values(self, key: Row, i: int) -> tuple[list[tuple[object, int]], bool]:
+        ng = len(self.spec.group_sql)
+        values = [(r[ng], int(r[ng + 1])) for r in self._value_rows(i, key)]
+        return self._best(self.spec.aggs[i].func, values)
+
+    def _top_rows(self) -> tuple[list[Entry], bool]:
+        top = self.topk
+        assert top is not None and top.buffer_limit is not None
+        limit = top.buffer_limit
+        tail = sql.SQL(" ORDER BY {} FETCH FIRST {} ROWS WITH TIES").format(
+            sql.SQL(", ").join(_raw(o) for o in self.spec.order_sql), sql.Literal(limit + 1))
+        z = self.current(self._all(), order_limit=tail)
+        count = sum(w for _r, _a, w in z)
+        return list(z), count <= limit
+
+    def _refill_top(self) -> tuple[list[Entry], bool]:
+        return self._top_rows()
+
+    def _above_aggregate(self, out: ZSet) -> ZSet:
+        if self.having is not None:
+            out = self.having.step(out)
+        if self.topk is not None and self.order_project is not None:
+            out = self.topk.step(self.order_project.step(out))
+        return out
+
+    # ---- maintenance ---------------------------------------------------------------------
+    def maintain(self, conn: Conn) -> SketchDelta:
+        """Brings the state to conn's snapshot; returns the sketch delta."""
+        if self.broken:
+            raise PipelineBroken("an earlier maintenance failed: rebuild or restore the state")
+        if self.version is None:
+            raise PipelineBroken("no state: call build_state or restore first")
+        current = deltas.require_snapshot(conn)
+        empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
+        if current == self.version:
+            return empty
+        if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
+            raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
+        infos = []
+        for relid, epoch in zip(self.relids, self.epochs, strict=True):
+            try:
+                info = deltas.table_info(conn, relid)
+            except deltas.NotTracked as exc:
+                raise Invalidated(f"table {relid} is no longer tracked") from exc
+            if info.epoch != epoch:
+                raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
+            deltas.check_own_writes(conn, info)
+            infos.append(info)
+        fetched = []
+        for t, info in zip(self.spec.tables, infos, strict=True):
+            cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
+            rows = deltas.fetch(conn, info, t.alias, cols, self.version,
+                                [_raw(w) for w in t.where])
+            fetched.append(ZSet((tuple(r[:-1]), (), int(r[-1])) for r in rows))
+        if not any(fetched):
+            self.version = current
+            return empty
+        self._conn = conn
+        self.broken = True
+        try:
+            change = self.merge.step(self._step(fetched))
+        finally:
+            self._conn = None
+        self.broken = False
+        self.version = current
+        return change
+
+    def _step(self, fetched: list[ZSet]) -> ZSet:
+        scanned = [scan.step(z) for scan, z in zip(self.scans, fetched, strict=True)]
+        acc = scanned[0]
+        for join, right in zip(self.joins, scanned[1:], strict=True):
+            acc = join.step(acc, right)
+        if self.aggregate is not None:
+            return self._above_aggregate(self.aggregate.step(acc))
+        if self.distinct is not None and self.distinct_project is not None:
+            out = self.distinct.step(self.distinct_project.step(acc))
+            return self.topk.step(out) if self.topk is not None else out
+        if self.topk is not None:
+            return self.topk.step(acc)
+        return acc
+
+    def pending(self, conn: Conn) -> int:
+        """Audit rows not yet applied (eager maintenance: batch-size trigger)."""
+        if self.version is None:
+            return 0
+        return sum(deltas.pending(conn, deltas.table_info(conn, r), self.version)
+                   for r in self.relids)
+
+    # ---- results and persistence ---------------------------------------------------------
+    def sketch(self) -> tuple[frozenset[int], ...]:
+        return self.merge.sketch()
+
+    def _stateful(self) -> dict[str, Any]:
+        ops: dict[str, Any] = {"merge": self.merge}
+        for name in ("aggregate", "distinct", "topk"):
+            op = getattr(self, name)
+            if op is not None:
+                ops[name] = op
+        return ops
+
+    def snapshot(self) -> dict[str, Json]:
+        if self.broken or self.version is None:
+            raise PipelineBroken("nothing consistent to persist")
+        return {"format": FORMAT, "plan": self.spec.fingerprint(), "version": self.version,
+                "relids": list(self.relids), "epochs": list(self.epochs),
+                "ops": {k: op.snapshot() for k, op in self._stateful().items()}}
+
+    def restore(self, state: dict[str, Json]) -> None:
+        if state.get("format") != FORMAT or state.get("plan") != self.spec.fingerprint():
+            raise StateFormatError("persisted state belongs to another plan or format")
+        ops = self._stateful()
+        if set(ops) != set(state["ops"]):
+            raise StateFormatError("persisted state has other operators")
+        for k, op in ops.items():
+            op.restore(state["ops"][k])
+        self.version = str(state["version"])
+        self.relids = tuple(int(r) for r in state["relids"])
+        self.epochs = tuple(int(e) for e in state["epochs"])
+        self.broken = False

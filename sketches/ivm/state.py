@@ -1,0 +1,63 @@
+"""Persisting pipeline state in ``imp.ivm_state`` (pg_extensions/002_audit.sql) and reloading
+it, so a restarted proxy resumes incremental maintenance instead of recapturing.
+
+A row holds the pipeline's :meth:`~sketches.ivm.pipeline.Pipeline.snapshot` (``state`` jsonb:
+format, plan fingerprint, table oids, epochs, every stateful operator's state), with its
+``version`` (pg_snapshot) and ``epochs`` as columns for inspection and GC (the oldest live
+version of a table bounds ``imp.gc_deltas``). Writes happen in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from sketches.ivm.errors import StateFormatError
+from sketches.ivm.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+def save(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> None:
+    """Upserts the pipeline's state under ``key`` (e.g. the sketch id or template+params)."""
+    snap = pipeline.snapshot()
+    conn.execute(
+        "INSERT INTO imp.ivm_state (sketch_key, version, epochs, state)"
+        " VALUES (%s, %s::pg_snapshot, %s, %s)"
+        " ON CONFLICT (sketch_key) DO UPDATE SET version = EXCLUDED.version,"
+        " epochs = EXCLUDED.epochs, state = EXCLUDED.state, updated_at = now()",
+        (key, snap["version"], Jsonb(dict(zip(map(str, snap["relids"]), snap["epochs"],
+                                               strict=True))), Jsonb(snap)))
+    log.debug("saved state %s at %s (%d bytes)", key, snap["version"], len(json.dumps(snap)))
+
+
+def load(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> bool:
+    """Restores ``pipeline`` from the row ``key``; False if there is none. Raises
+    :class:`StateFormatError` if the row belongs to another plan (the caller recaptures)."""
+    row = conn.execute("SELECT state FROM imp.ivm_state WHERE sketch_key = %s",
+                       (key,)).fetchone()
+    if row is None:
+        return False
+    if not isinstance(row[0], dict):
+        raise StateFormatError(f"state {key} is not a JSON object")
+    pipeline.restore(row[0])
+    return True
+
+
+def delete(conn: psycopg.Connection[Any], key: str) -> bool:
+    cur = conn.execute("DELETE FROM imp.ivm_state WHERE sketch_key = %s", (key,))
+    return cur.rowcount > 0
+
+
+def oldest_versions(conn: psycopg.Connection[Any]) -> dict[int, str]:
+    """Per table oid, the persisted version with the smallest xmin (a GC bound for
+    ``imp.gc_deltas``: pass it only if no other, unpersisted state is older)."""
+    rows = conn.execute(
+        "SELECT DISTINCT ON (rel) rel::bigint, version::text FROM imp.ivm_state,"
+        " LATERAL jsonb_object_keys(epochs) AS rel"
+        " ORDER BY rel, pg_snapshot_xmin(version)").fetchall()
+    return {int(r[0]): str(r[1]) for r in rows}
