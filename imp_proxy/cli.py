@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, ProxyConfig, load_config
+from .config import ConfigError, ProxyConfig, load_config, parse_bool
 from .embedded import EmbeddedPostgresError, LocalPostgres
 from .router import SketchHook
 
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--hook", metavar="MODULE:CALLABLE",
                        help="factory returning the sketch hook (default: "
                             "sketches.manager.SketchManager when importable)")
+    serve.add_argument("--library-setting", dest="library", action="append", metavar="NAME=VALUE",
+                       help="sketch library setting (sketches.manager.SketchSettings), "
+                            "repeatable, e.g. capture_after=3 or fragments=500")
     serve.add_argument("--service-pool-size", type=int, metavar="N",
                        help="service connections per database (default 4)")
     serve.add_argument("--decision-cache-size", type=int, metavar="N",
@@ -94,12 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("listen", "upstream", "config", "data_dir", "tls_cert", "tls_key",
             "max_message_size", "sketches", "service_pool_size", "decision_cache_size",
-            "connect_timeout", "startup_timeout")
+            "connect_timeout", "startup_timeout", "library")
     return {k: getattr(args, k, None) for k in keys}
 
 
-def load_hook(spec: str | None) -> SketchHook | None:
-    """The sketch hook: ``MODULE:CALLABLE`` or SketchManager when the library is present."""
+def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = ()) -> SketchHook | None:
+    """The sketch hook: ``MODULE:CALLABLE`` or SketchManager when the library is present
+    (with ``library`` overriding fields of its SketchSettings)."""
     if spec:
         module, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(module), attr or "create_hook")
@@ -110,9 +115,32 @@ def load_hook(spec: str | None) -> SketchHook | None:
     except ImportError as exc:
         log.warning("sketch library not available (%s): relaying only", exc)
         return None
-    settings_cls = getattr(manager_mod, "SketchSettings", None)
-    manager: SketchHook = manager_mod.SketchManager(settings_cls() if settings_cls else None)
+    settings_cls = manager_mod.SketchSettings
+    manager: SketchHook = manager_mod.SketchManager(library_settings(settings_cls, library))
     return manager
+
+
+def library_settings(settings_cls: Any, overrides: Sequence[tuple[str, str]]) -> Any:
+    """``settings_cls`` (a dataclass) with string overrides coerced to its fields' types."""
+    defaults = settings_cls()
+    known = {f.name for f in dataclasses.fields(settings_cls)}
+    values: dict[str, Any] = {}
+    for name, raw in overrides:
+        if name not in known:
+            raise ConfigError(f"unknown library setting {name!r}; known: {sorted(known)}")
+        current = getattr(defaults, name)
+        try:
+            if isinstance(current, bool):
+                values[name] = parse_bool(raw)
+            elif isinstance(current, int):
+                values[name] = int(raw)
+            elif isinstance(current, float):
+                values[name] = float(raw)
+            else:
+                values[name] = raw
+        except ValueError as exc:
+            raise ConfigError(f"invalid value for library setting {name}: {raw!r}") from exc
+    return dataclasses.replace(defaults, **values)
 
 
 def _postmaster_port(datadir: Path) -> int | None:
@@ -153,7 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import ProxyServer, ProxyStartError, new_event_loop
 
     cfg = load_config(_flags(args))
-    hook = load_hook(args.hook) if cfg.sketches else None
+    hook = load_hook(args.hook, cfg.library) if cfg.sketches else None
     with upstream_or_embedded(cfg) as cfg:
         loop = new_event_loop()
         asyncio.set_event_loop(loop)

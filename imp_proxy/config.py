@@ -12,6 +12,9 @@ Environment: ``IMP_LISTEN`` (host:port), ``IMP_UPSTREAM`` (a libpq URI/conninfo)
     decision_cache_size = 10000 # route decisions cached per query text
     connect_timeout = 10.0
     startup_timeout = 60.0      # a client must finish startup/auth within this (seconds)
+    [library]                   # fields of sketches.manager.SketchSettings
+    capture_after = 1           # capture on the N-th execution of a template
+    fragments = 1000
     [tls]
     cert = "/path/server.crt"
     key = "/path/server.key"
@@ -77,6 +80,7 @@ class ProxyConfig:
     decision_cache_size: int = 10000
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0        # PostgreSQL's authentication_timeout default
+    library: tuple[tuple[str, str], ...] = ()  # SketchSettings overrides (name, value)
 
     @property
     def listen(self) -> str:
@@ -86,7 +90,8 @@ class ProxyConfig:
         return replace(self, upstream=dsn)
 
 
-_SIMPLE_KEYS = {f.name for f in fields(ProxyConfig)} - {"listen_host", "listen_port", "tls"}
+_SIMPLE_KEYS = {f.name for f in fields(ProxyConfig)} - {"listen_host", "listen_port", "tls",
+                                                         "library"}
 
 
 def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyConfig:
@@ -103,6 +108,8 @@ def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyCon
                                        Path(value["key"]).expanduser())
         elif key in ("tls_cert", "tls_key"):
             continue  # combined below
+        elif key == "library":
+            changes["library"] = _library_settings(cfg.library, value, origin)
         elif key in _SIMPLE_KEYS:
             changes[key] = _coerce(key, value, origin)
         else:
@@ -113,6 +120,22 @@ def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyCon
             raise ConfigError(f"{origin}: TLS needs both a certificate and a key")
         changes["tls"] = TlsConfig(Path(str(cert)).expanduser(), Path(str(key_)).expanduser())
     return replace(cfg, **changes)
+
+
+def _library_settings(current: tuple[tuple[str, str], ...], value: Any,
+                      origin: str) -> tuple[tuple[str, str], ...]:
+    """Merges a TOML ``[library]`` table or CLI ``NAME=VALUE`` strings into ``current``."""
+    merged = dict(current)
+    if isinstance(value, Mapping):
+        merged.update({str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                       for k, v in value.items()})
+    else:
+        for item in value:
+            name, sep, val = str(item).partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"{origin}: library setting {item!r} is not NAME=VALUE")
+            merged[name.strip()] = val.strip()
+    return tuple(sorted(merged.items()))
 
 
 def _coerce(key: str, value: Any, origin: str) -> Any:
@@ -132,13 +155,13 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         if key == "sketches":
             if isinstance(value, bool):
                 return value
-            return _parse_bool(str(value))
+            return parse_bool(str(value))
         return str(value)
     except ValueError as exc:
         raise ConfigError(f"{origin}: invalid value for {key}: {value!r} ({exc})") from exc
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     t = text.strip().lower()
     if t in ("1", "true", "on", "yes"):
         return True

@@ -366,8 +366,11 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
             router.invalidate()
             return admin.AdminResult(None, (), f"IMP DROP {n}")
         if cmd.kind == "set":
-            assert cmd.value is not None
-            s.set_enabled(admin.parse_bool_setting(cmd.value))
+            assert cmd.argument is not None and cmd.value is not None
+            if cmd.argument == "enabled":
+                s.set_enabled(admin.parse_bool_setting(cmd.value))
+            else:
+                await router.configure(cmd.argument, cmd.value)
             return admin.AdminResult(None, (), "IMP SET")
     except ServiceError as exc:
         raise admin.AdminError("08006", str(exc)) from exc

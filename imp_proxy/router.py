@@ -22,6 +22,8 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from .admin import AdminError
+
 log = logging.getLogger(__name__)
 
 
@@ -235,6 +237,20 @@ class Router:
         if self.hook is None:
             return {}
         return await asyncio.to_thread(self.hook.stats)
+
+    async def configure(self, name: str, value: str) -> None:
+        """``IMP SET <name> = <value>`` for a library setting: forwarded to the hook's optional
+        ``configure(name, value)`` (KeyError: unknown setting, ValueError: bad value)."""
+        fn = getattr(self.hook, "configure", None)
+        if fn is None:
+            raise AdminError("42704", f"unrecognized IMP setting {name!r}; the proxy knows "
+                             "'enabled' and the sketch library accepts no settings")
+        try:
+            await asyncio.to_thread(fn, name, value)
+        except KeyError as exc:
+            raise AdminError("42704", f"unrecognized IMP setting {name!r}") from exc
+        except ValueError as exc:
+            raise AdminError("22023", f"invalid value for IMP setting {name!r}: {exc}") from exc
 
     def invalidate(self) -> None:
         """Forgets cached decisions (after DROP SKETCH: decisions do not depend on sketches,

@@ -52,6 +52,7 @@ class ProbeHook:
         self.last_params: list[object] | None = None
         self.last_search_path: str | None = None
         self.dropped: list[int] = []
+        self.strategy = "lazy"
 
     def classify(self, sql: str) -> Classification:
         with self._lock:
@@ -82,6 +83,14 @@ class ProbeHook:
             instrumented = _GROUP.sub(f"WHERE {where} GROUP BY", sql, count=1)
         return Prepared("use", "probe sketch", 1, instrumented)
 
+    def configure(self, name: str, value: str) -> None:
+        """The optional library-settings seam behind ``IMP SET <name> = <value>``."""
+        if name != "strategy":
+            raise KeyError(name)
+        if value not in ("lazy", "eager"):
+            raise ValueError(f"strategy must be lazy or eager, not {value!r}")
+        self.strategy = value
+
     def sketches(self) -> list[dict[str, object]]:
         if 1 in self.dropped:
             return []
@@ -94,7 +103,8 @@ class ProbeHook:
         with self._lock:
             return {"hook.prepares": self.prepares, "hook.classified": self.classified,
                     "hook.last_k": self.last_k, "hook.last_params": repr(self.last_params),
-                    "hook.last_search_path": self.last_search_path}
+                    "hook.last_search_path": self.last_search_path,
+                    "hook.strategy": self.strategy}
 
     def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
         conn.execute("SELECT 1")  # the service connection works

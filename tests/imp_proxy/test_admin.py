@@ -39,7 +39,9 @@ def test_parse_admin() -> None:
     assert parse_admin("imp drop all sketches").kind == "drop_all"
     s = parse_admin("IMP SET Enabled TO 'OFF'")
     assert (s.kind, s.argument, s.value) == ("set", "enabled", "off")
-    for bad, state in [("IMP DROP SKETCH x", "22P02"), ("IMP SET colour = red", "42704"),
+    other = parse_admin("IMP SET strategy = 'Eager'")
+    assert (other.argument, other.value) == ("strategy", "Eager")
+    for bad, state in [("IMP DROP SKETCH x", "22P02"), ("IMP SET = red", "42601"),
                        ("IMP FROB", "42601"), ("IMP", "42601")]:
         with pytest.raises(AdminError) as ei:
             parse_admin(bad)
@@ -102,8 +104,11 @@ def test_stats_set_and_errors(adsn: str) -> None:
         assert kv(c, f"IMP EXPLAIN {Q}")["decision"] == "passthrough"
         c.execute("IMP SET enabled = on", prepare=True)
         assert kv(c, "IMP SHOW STATS")["session.enabled"] == "true"
+        c.execute("IMP SET strategy = eager")  # a library setting: the hook's configure()
+        assert kv(c, "IMP SHOW STATS")["hook.strategy"] == "eager"
         for sql, exc in [("IMP SET enabled = maybe", errors.InvalidParameterValue),
                          ("IMP SET nope = 1", errors.UndefinedObject),
+                         ("IMP SET strategy = sideways", errors.InvalidParameterValue),
                          ("IMP SHOW EVERYTHING", errors.SyntaxError)]:
             for prepare in (False, True):
                 with pytest.raises(exc):
@@ -143,6 +148,8 @@ def test_psql_admin(adsn: str) -> None:
 
 def test_without_library(proxy_dsn: str) -> None:
     with psycopg.connect(proxy_dsn, autocommit=True) as c:
+        with pytest.raises(errors.UndefinedObject):
+            c.execute("IMP SET strategy = eager")
         assert c.execute("IMP SHOW SKETCHES").fetchall() == []
         e = kv(c, "IMP EXPLAIN SELECT 1 GROUP BY 1")
         assert e["decision"] == "passthrough"

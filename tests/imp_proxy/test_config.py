@@ -1,0 +1,82 @@
+"""Configuration precedence (flags > env > TOML > defaults) and the CLI surface."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imp_proxy.cli import build_parser, library_settings
+from imp_proxy.config import ConfigError, ProxyConfig, TlsConfig, load_config, parse_listen
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults() -> None:
+    cfg = load_config({}, env={})
+    assert (cfg.listen_host, cfg.listen_port, cfg.upstream) == ("127.0.0.1", 6432, None)
+    assert cfg.sketches is True and cfg.tls is None and cfg.library == ()
+
+
+def test_precedence(tmp_path: Path) -> None:
+    toml = tmp_path / "imp.toml"
+    toml.write_text('listen = "0.0.0.0:7000"\nupstream = "postgresql://file@h/db"\n'
+                    'service_pool_size = 9\nsketches = false\n'
+                    '[tls]\ncert = "/c.pem"\nkey = "/k.pem"\n'
+                    '[library]\ncapture_after = 3\npersist = false\n')
+    env = {"IMP_CONFIG": str(toml), "IMP_UPSTREAM": "postgresql://env@h/db"}
+    cfg = load_config({}, env=env)
+    assert cfg.listen == "0.0.0.0:7000" and cfg.upstream == "postgresql://env@h/db"
+    assert cfg.service_pool_size == 9 and cfg.sketches is False
+    assert cfg.tls == TlsConfig(Path("/c.pem"), Path("/k.pem"))
+    assert cfg.library == (("capture_after", "3"), ("persist", "false"))
+    env["IMP_LISTEN"] = "127.0.0.1:7001"
+    cfg = load_config({"listen": "[::1]:7002", "upstream": None,
+                       "library": ["capture_after=5"]}, env=env)
+    assert (cfg.listen_host, cfg.listen_port) == ("::1", 7002)
+    assert cfg.upstream == "postgresql://env@h/db"
+    assert dict(cfg.library)["capture_after"] == "5"
+
+
+def test_invalid_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        parse_listen("nohost")
+    with pytest.raises(ConfigError):
+        load_config({"service_pool_size": 0}, env={})
+    with pytest.raises(ConfigError):
+        load_config({"tls_cert": "/x.pem"}, env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("colour = 'red'\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config({}, env={"IMP_CONFIG": str(bad)})
+    with pytest.raises(ConfigError):
+        load_config({}, env={"IMP_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_library_settings_coerced() -> None:
+    manager = pytest.importorskip("sketches.manager")
+    s = library_settings(manager.SketchSettings, [("capture_after", "4"), ("persist", "off"),
+                                                  ("max_coverage", "0.5")])
+    assert (s.capture_after, s.persist, s.max_coverage) == (4, False, 0.5)
+    with pytest.raises(ConfigError):
+        library_settings(manager.SketchSettings, [("nope", "1")])
+    with pytest.raises(ConfigError):
+        library_settings(manager.SketchSettings, [("capture_after", "many")])
+
+
+def test_help_documents_every_option() -> None:
+    parser = build_parser()
+    out = subprocess.run([sys.executable, "-m", "imp_proxy", "serve", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    sub = next(a for a in parser._actions if a.dest == "command")
+    serve = sub.choices["serve"]  # type: ignore[attr-defined]
+    for action in serve._actions:
+        for flag in action.option_strings:
+            assert flag in out
+        assert action.help, action.option_strings
+    for cmd in ("serve", "install", "demo"):
+        assert subprocess.run([sys.executable, "-m", "imp_proxy", cmd, "--help"], cwd=ROOT,
+                              capture_output=True).returncode == 0
+    assert isinstance(ProxyConfig().data_dir, Path)
