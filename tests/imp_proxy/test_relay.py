@@ -16,6 +16,7 @@ import pytest
 
 from imp_proxy.embedded import LocalPostgres
 from imp_proxy.protocol import codec
+from imp_proxy.protocol.messages import Bind
 
 from .conftest import ProxyProcess, StartProxy, via_proxy
 from .rawclient import RawClient
@@ -245,3 +246,64 @@ def test_password_authentication_relayed(start_proxy: StartProxy, auth_cluster: 
         assert conn.execute("SELECT current_user").fetchone() == (user,)
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         psycopg.connect(dsn, password="wrong")
+
+
+# ---------------------------------------------------------------- byte-identical replies
+
+def _script_replies(port: int, dbname: str) -> list[bytes]:
+    """Runs a fixed extended/simple protocol script; returns every reply message after
+    startup (their bytes)."""
+    c = RawClient("127.0.0.1", port)
+    out: list[bytes] = []
+    try:
+        c.startup("postgres", dbname, application_name="script")
+
+        def rt(payload: bytes, until: int = ord("Z")) -> None:
+            c.send(payload)
+            while True:
+                m = c.read()
+                assert m is not None
+                out.append(m[1])
+                if m[0] == until:
+                    return
+
+        rt(codec.encode_query("SET application_name = 'x'; SELECT count(*) FROM s;"))
+        # named statement, Describe S/P, Execute with max_rows -> PortalSuspended, Flush
+        rt(codec.encode_query("BEGIN"))
+        rt(codec.encode_parse("st", "SELECT a, a * $1 FROM s ORDER BY a", [23])
+           + codec.encode_describe("S", "st")
+           + codec.encode_bind(Bind("p1", "st", (0,), (b"3",), (0, 1)))
+           + codec.encode_describe("P", "p1")
+           + codec.encode_execute("p1", 3) + codec.encode_flush(), until=ord("s"))
+        rt(codec.encode_execute("p1", 3) + codec.encode_flush(), until=ord("s"))
+        rt(codec.encode_execute("p1", 3) + codec.encode_close("P", "p1")
+           + codec.encode_sync())
+        rt(codec.encode_query("COMMIT"))
+        # an error mid-batch: everything up to Sync is discarded by the server
+        rt(codec.encode_parse("", "SELECT 1/0") + codec.encode_bind(Bind("", "", (), (), ()))
+           + codec.encode_execute("", 0)
+           + codec.encode_parse("", "SELECT 2") + codec.encode_bind(Bind("", "", (), (), ()))
+           + codec.encode_execute("", 0) + codec.encode_sync())
+        # empty query (simple and extended), notice, re-use of the named statement, Close
+        rt(codec.encode_query(""))
+        rt(codec.encode_parse("", "") + codec.encode_bind(Bind("", "", (), (), ()))
+           + codec.encode_execute("", 0) + codec.encode_sync())
+        rt(codec.encode_query("DO $$ BEGIN RAISE NOTICE 'n1'; END $$"))
+        rt(codec.encode_bind(Bind("", "st", (1,), (b"\x00\x00\x00\x02",), ()))
+           + codec.encode_execute("", 0) + codec.encode_close("S", "st") + codec.encode_sync())
+        rt(codec.encode_query("SELECT 'é', NULL::int, 1.5::float8; SELECT 1 WHERE false"))
+    finally:
+        c.close()
+    return out
+
+
+def test_replies_byte_identical_to_direct(proxy: ProxyProcess, db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE s (a int)")
+        conn.execute("INSERT INTO s SELECT generate_series(1, 7)")
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    direct = _script_replies(int(str(info["port"])), _db(db_dsn))
+    proxied = _script_replies(proxy.port, _db(db_dsn))
+    assert proxied == direct
+    kinds = bytes(m[0] for m in proxied)
+    assert b"s" in kinds and b"I" in kinds and b"N" in kinds and b"3" in kinds
