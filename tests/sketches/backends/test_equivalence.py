@@ -145,3 +145,16 @@ def test_full_maintenance_and_match_rows(conn: psycopg.Connection[Any],
     assert sorted(spark_backend.match_rows(conn, request, keys)) == \
         sorted(PG.match_rows(conn, request, keys))
     assert len(PG.match_rows(conn, request, keys)) == 3
+
+
+def test_ties_at_the_kth_row_span_fragments(conn: psycopg.Connection[Any],
+                                            spark_backend: SparkBackend) -> None:
+    """Rows tied with the k-th one live in many fragments: all of them are provenance."""
+    load(conn, [(g, None, None, 10 if g % 3 else 1, None) for g in range(60)], 0)
+    for text in ("SELECT r.g, sum(r.v) AS sv FROM r GROUP BY r.g ORDER BY sv LIMIT 2",
+                 "SELECT r.g, sum(r.v) AS sv FROM r GROUP BY r.g ORDER BY sv DESC LIMIT 2"):
+        analysis, targets = targets_for(conn, text, 8)
+        expected = PG.capture(conn, text, analysis, targets)
+        got = spark_backend.capture(conn, text, analysis, targets)
+        assert fragments_of(got) == fragments_of(expected)
+        assert len(fragments_of(expected)[0]) >= 2, text
