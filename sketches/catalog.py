@@ -23,9 +23,27 @@ log = logging.getLogger(__name__)
 
 def ensure_installed(conn: psycopg.Connection[Any]) -> None:
     """Installs the ``imp`` schema's migrations if the sketch catalog is missing."""
-    row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL").fetchone()
+    row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
+                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
     if row is None or not row[0]:
         pg_extensions.install(conn)
+
+
+def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
+    """Records ``xid`` (the current transaction's) as one of the manager's own, catalog-only
+    transactions (pg_extensions/003_own_xacts.sql), so a restarted manager knows it too."""
+    conn.execute("INSERT INTO imp.own_xacts (xid) VALUES (%s::text::xid8) ON CONFLICT DO NOTHING",
+                 (str(xid),))
+    # older than every valid sketch version: can no longer matter (pruned in this same, already
+    # recorded, transaction so the prune itself is no foreign write)
+    conn.execute("DELETE FROM imp.own_xacts WHERE xid < (SELECT min(pg_snapshot_xmin(version))"
+                 " FROM imp.sketches WHERE valid)")
+
+
+def own_xids(conn: psycopg.Connection[Any]) -> set[int]:
+    """The recorded own transactions (a previous run's included)."""
+    rows = conn.execute("SELECT xid::text::bigint FROM imp.own_xacts").fetchall()
+    return {int(r[0]) for r in rows}
 
 
 def _load_bounds(conn: psycopg.Connection[Any], type_name: str,

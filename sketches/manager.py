@@ -328,10 +328,15 @@ class SketchManager:
     def _ensure_catalog(self, conn: psycopg.Connection[Any]) -> None:
         if not self._installed:
             catalog.ensure_installed(conn)
+            loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
+            with self._lock:
+                self._own_xids |= loaded
             self._installed = True
 
     def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
         xid = freshness.current_xid(conn)
+        if self.settings.persist:
+            catalog.record_own_xid(conn, xid)
         with self._lock:
             self._own_xids.add(xid)
 
