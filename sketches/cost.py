@@ -64,10 +64,12 @@ class Choice:
 
 
 def estimate(conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]],
-             query: str | None = None, params: Sequence[object] | None = None) -> Estimate:
+             query: str | None = None, params: Sequence[object] | None = None,
+             explain_min_rows: float = 0.0) -> Estimate:
     """PostgreSQL's estimates for a job over ``tables`` (``(schema, name)``) running
     ``query`` (``$n`` parameters bound from ``params``). ``reltuples`` is -1 for a table never
-    analysed; it then counts as its page count × 100."""
+    analysed; it then counts as its page count × 100. The query is EXPLAINed only when the
+    tables hold at least ``explain_min_rows`` rows (below, the row count decides alone)."""
     sizes = []
     for schema, name in tables:
         row = conn.execute(
@@ -78,10 +80,11 @@ def estimate(conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]],
         if row is not None:
             tuples = float(row[0]) if float(row[0]) >= 0 else float(row[1]) * 100.0
         sizes.append((schema, name, tuples))
+    rows = sum(s[2] for s in sizes)
     cost = None
-    if query is not None:
+    if query is not None and rows >= explain_min_rows:
         cost = plan_cost(conn, query, params)
-    return Estimate(sum(s[2] for s in sizes), cost, tuple(sizes))
+    return Estimate(rows, cost, tuple(sizes))
 
 
 def plan_cost(conn: psycopg.Connection[Any], query: str,

@@ -82,7 +82,9 @@ class RoutedBackend:
         starting Spark in the background when it would be chosen)."""
         if self.cost.mode == "postgres":
             return choose(self.cost, None, False, "")
-        est = estimate(conn, tables, query, params)
+        est = estimate(conn, tables, query, params,
+                       explain_min_rows=0.0 if self.cost.mode == "spark"
+                       else self.cost.spark_min_rows)
         ready, status = self.spark_status()
         choice = choose(self.cost, est, ready, status)
         if (choice.backend == "postgres" and self.spark is not None and not ready

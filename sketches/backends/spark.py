@@ -244,7 +244,22 @@ def _create_session(settings: SparkSettings) -> Any:
         log.warning("a SparkSession with master %s already existed (wanted %s)", actual,
                     settings.master)
     session.sparkContext.setLogLevel("ERROR")
+    _warm_up(session)
     return session
+
+
+def _warm_up(session: Any) -> None:
+    """A first tiny job (JIT, executors, shuffle) and a check that the JDBC driver loads, so
+    neither is paid by — or fails in — the first real job."""
+    session.range(0, 10_000, numPartitions=2).selectExpr("id % 7 AS k").groupBy("k").count() \
+        .collect()
+    try:
+        session.sparkContext._jvm.java.lang.Class.forName("org.postgresql.Driver")
+    except Exception as exc:  # noqa: BLE001 — py4j wraps the JVM's ClassNotFoundException
+        session.stop()
+        raise BackendUnavailable(f"PostgreSQL JDBC driver does not load from "
+                                 f"{session.conf.get('spark.jars', '?')}: "
+                                 f"{_first_line(exc)}") from exc
 
 
 # ------------------------------------------------------------------------- the backend
