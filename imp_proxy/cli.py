@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import ConfigError, ProxyConfig, load_config, parse_bool
 from .embedded import EmbeddedPostgresError, LocalPostgres
-from .router import SketchHook
+from .router import PerDatabase, SketchHook
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,9 @@ def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = ()) -> Sket
     except ImportError as exc:
         log.warning("sketch library not available (%s): relaying only", exc)
         return None
-    settings_cls = manager_mod.SketchSettings
-    manager: SketchHook = manager_mod.SketchManager(library_settings(settings_cls, library))
-    return manager
+    settings = library_settings(manager_mod.SketchSettings, library)
+    # one manager per database: its sketches and catalog belong to that database
+    return PerDatabase(lambda: manager_mod.SketchManager(settings))
 
 
 def library_settings(settings_cls: Any, overrides: Sequence[tuple[str, str]]) -> Any:

@@ -342,13 +342,13 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
     router.count("admin_commands")
     try:
         if cmd.kind == "show_sketches":
-            rows = admin.sketch_rows(await router.sketches())
+            rows = admin.sketch_rows(await router.sketches(s.dbname))
             return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
         if cmd.kind == "show_stats":
             items: list[tuple[str, object]] = [("session.enabled", s.enabled),
                                                ("library", router.hook is not None)]
             items += [(f"proxy.{k}", v) for k, v in sorted(router.counters.items())]
-            items += sorted((await router.stats()).items())
+            items += sorted((await router.stats(s.dbname)).items())
             rows = admin.key_value_rows(items)
             return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
         if cmd.kind == "explain":

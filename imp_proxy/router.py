@@ -82,6 +82,72 @@ class PrepareOutcome:
     instrumented_sql: str | None
 
 
+class PerDatabase:
+    """One hook instance per database, behind the ``SketchHook`` interface.
+
+    A hook's state (templates, sketches, range partitions, catalog installation) belongs to one
+    database, while one proxy serves every database of its cluster: a single shared
+    ``SketchManager`` used the sketch of ``t`` captured in one database to rewrite the same
+    query text on another database's ``t`` — wrong answers — and listed every database's
+    sketches (query texts) in any database's ``IMP SHOW SKETCHES``. ``classify`` looks at the
+    text only and uses one shared instance.
+    """
+
+    def __init__(self, factory: Any) -> None:
+        self._factory = factory
+        self._classifier: SketchHook = factory()
+        self._hooks: dict[str, SketchHook] = {}
+        self._settings: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        if not callable(getattr(self._classifier, "configure", None)):
+            self.configure = None  # type: ignore[assignment]  # Router checks for it
+
+    def for_database(self, dbname: str) -> SketchHook:
+        with self._lock:
+            hook = self._hooks.get(dbname)
+            if hook is None:
+                hook = self._factory()
+                for name, value in self._settings:
+                    hook.configure(name, value)  # type: ignore[attr-defined]
+                self._hooks[dbname] = hook
+            return hook
+
+    @staticmethod
+    def _dbname(conn: psycopg.Connection[Any]) -> str:
+        return str(conn.info.dbname)
+
+    def classify(self, sql: str) -> ClassificationLike:
+        return self._classifier.classify(sql)
+
+    def prepare(self, conn: psycopg.Connection[Any], sql: str,
+                params: Sequence[object] | None = None,
+                search_path: str | None = None) -> PreparedLike:
+        return self.for_database(self._dbname(conn)).prepare(conn, sql, params, search_path)
+
+    def sketches(self) -> list[dict[str, object]]:
+        with self._lock:
+            hooks = list(self._hooks.values())
+        return [row for h in hooks for row in h.sketches()]
+
+    def stats(self) -> dict[str, object]:
+        return self._classifier.stats()
+
+    def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
+        return self.for_database(self._dbname(conn)).drop(conn, sketch_id)
+
+    def drop_all(self, conn: psycopg.Connection[Any]) -> int:
+        return self.for_database(self._dbname(conn)).drop_all(conn)
+
+    def configure(self, name: str, value: str) -> None:
+        """Applies a library setting to every database's hook, now and later."""
+        self._classifier.configure(name, value)  # type: ignore[attr-defined]  # validates
+        with self._lock:
+            self._settings.append((name, value))
+            hooks = list(self._hooks.values())
+        for h in hooks:
+            h.configure(name, value)  # type: ignore[attr-defined]
+
+
 class ServiceError(RuntimeError):
     """The proxy's service connection failed (pool exhausted, upstream unreachable)."""
 
@@ -228,15 +294,23 @@ class Router:
         with self.pools.pool(dbname).connection() as conn:
             return fn(self.hook, conn)
 
-    async def sketches(self) -> list[dict[str, object]]:
-        if self.hook is None:
-            return []
-        return await asyncio.to_thread(self.hook.sketches)
+    def _hook_for(self, dbname: str | None) -> SketchHook | None:
+        if isinstance(self.hook, PerDatabase) and dbname is not None:
+            return self.hook.for_database(dbname)
+        return self.hook
 
-    async def stats(self) -> dict[str, object]:
-        if self.hook is None:
+    async def sketches(self, dbname: str | None = None) -> list[dict[str, object]]:
+        """The sketches of ``dbname`` (all databases' when None)."""
+        hook = self._hook_for(dbname)
+        if hook is None:
+            return []
+        return await asyncio.to_thread(hook.sketches)
+
+    async def stats(self, dbname: str | None = None) -> dict[str, object]:
+        hook = self._hook_for(dbname)
+        if hook is None:
             return {}
-        return await asyncio.to_thread(self.hook.stats)
+        return await asyncio.to_thread(hook.stats)
 
     async def configure(self, name: str, value: str) -> None:
         """``IMP SET <name> = <value>`` for a library setting: forwarded to the hook's optional
