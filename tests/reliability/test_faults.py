@@ -1,0 +1,376 @@
+"""Faults (issue 7, item 1): PostgreSQL restarted under the proxy, the proxy killed and
+restarted, clients killed mid-result and mid-COPY, audit objects dropped by hand, capture failing
+inside PostgreSQL. Every answer is compared with PostgreSQL's own (the oracle, DESIGN §8).
+
+Clients vanishing mid-query via a raw socket RST are in tests/imp_proxy/test_relay.py
+(``test_client_vanishing_mid_query_ends_backend``); here the clients are real psycopg processes
+killed with SIGKILL, and the proxy's descriptors and upstream connections are counted too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import pg_extensions
+from imp_proxy.embedded import LocalPostgres
+from imp_proxy.protocol import codec
+from tests.imp_proxy.rawclient import RawClient
+
+from .conftest import (
+    LaunchProxy,
+    ProxyProcess,
+    backend_count,
+    fd_count,
+    scalar,
+    settled_fd_count,
+    stats,
+    via_proxy,
+    wait_until,
+)
+
+log = logging.getLogger(__name__)
+
+HAVING = "SELECT g, sum(v) AS s FROM t GROUP BY g HAVING sum(v) > {} ORDER BY g"
+TOPK = "SELECT g, count(*) AS n, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"
+
+
+AVG = "SELECT g, avg(v) AS a FROM t GROUP BY g HAVING avg(v) > 50950 ORDER BY g"
+
+
+def _queries() -> list[str]:
+    """Three templates (one sketch each): HAVING on sum, HAVING on avg, top-k."""
+    return [HAVING.format(5_040_000), AVG, TOPK]
+
+
+def _load_table(dsn: str, rows: int = 100_000) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS t")
+        c.execute("CREATE TABLE t (g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO t SELECT i %% 1000, i FROM generate_series(1, %s) i", (rows,))
+        c.execute("CREATE INDEX ON t (g)")
+        c.execute("ANALYZE t")
+
+
+def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute(query.encode()).fetchall()
+
+
+def _assert_exact(proxied: str, direct: str, queries: list[str] | None = None) -> int:
+    """Every query gives PostgreSQL's own answer through the proxy (a quiesced comparison:
+    nobody writes meanwhile). Returns how many queries were compared."""
+    n = 0
+    with psycopg.connect(proxied, autocommit=True) as pc, \
+            psycopg.connect(direct, autocommit=True) as dc:
+        for q in queries or _queries():
+            got = pc.execute(q.encode()).fetchall()
+            want = dc.execute(q.encode()).fetchall()
+            assert got == want, f"{q}: proxy {got[:5]} != direct {want[:5]}"
+            n += 1
+    return n
+
+
+def _stat(dsn: str, key: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return int(stats(c).get(key, "0"))
+
+
+def _write(direct: str, groups: tuple[int, ...] = (7, 500, 993)) -> None:
+    """Changes that move groups into and out of the HAVING result and the top-k."""
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("UPDATE t SET v = v + 90000 WHERE g = ANY(%s)", (list(groups),))
+        c.execute("DELETE FROM t WHERE g = 999")
+        c.execute("INSERT INTO t SELECT 4242, i FROM generate_series(1, 80) i")
+
+
+# ---------------------------------------------------------------- upstream restarted
+
+@pytest.fixture(scope="module")
+def own_pg() -> Iterator[LocalPostgres]:
+    """A dedicated cluster for the faults that restart PostgreSQL or kill the proxy."""
+    # a backend whose client (the proxy) died notices it only when it next touches the socket;
+    # PostgreSQL's client_connection_check_interval makes a busy one notice too (recommended in
+    # docs/RELIABILITY.md for deployments where the proxy may be killed)
+    pg = LocalPostgres.throwaway_cluster(settings={"client_connection_check_interval": "500ms"})
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def _wait_active(dsn: str, app: str) -> bool:
+    return wait_until(lambda: int(scalar(
+        dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+             "AND state = 'active'", (app,))) == 1)
+
+
+def test_upstream_restart_mid_session(own_pg: LocalPostgres, launch: LaunchProxy) -> None:
+    direct = own_pg.dsn()
+    _load_table(direct)
+    p = launch(upstream=direct)
+    proxied = via_proxy(direct, p.port)
+    _assert_exact(proxied, direct)
+    assert _stat(proxied, "proxy.wrapped") >= 3, "the queries must go through the sketch path"
+
+    idle = psycopg.connect(proxied, autocommit=True, application_name="restart-idle")
+    busy = RawClient("127.0.0.1", p.port)
+    try:
+        busy.startup("postgres", "postgres", application_name="restart-busy")
+        busy.send(codec.encode_query("SELECT pg_sleep(60)"))
+        assert _wait_active(direct, "restart-busy")
+
+        own_pg.restart("fast")
+
+        # the client in a query gets PostgreSQL's own FATAL, then the connection ends
+        msgs = []
+        while (m := busy.read()) is not None:
+            msgs.append(m)
+        errors = [codec.decode_error_fields(b) for t, b in msgs if t == ord("E")]
+        assert errors, f"no ErrorResponse before close: {msgs}"
+        assert (errors[0].severity, errors[0].sqlstate) == ("FATAL", "57P01")
+        # the idle client's next statement fails cleanly, with an error, not a hang
+        with pytest.raises(psycopg.OperationalError):
+            idle.execute("SELECT 1")
+        assert idle.closed or idle.broken
+    finally:
+        busy.close()
+        idle.close()
+
+    assert p.proc.poll() is None, "the proxy must survive its upstream restarting"
+    wrapped_before = _stat(proxied, "proxy.wrapped")
+    used_before = _stat(proxied, "proxy.used") + _stat(proxied, "proxy.captured")
+    # new connections work and answers stay exact, before and after writes
+    for _ in range(3):
+        _assert_exact(proxied, direct)
+    _write(direct)
+    _assert_exact(proxied, direct)
+    # the sketch path is back (stale pooled service connections were replaced), not a
+    # permanent fallback to passthrough
+    assert _stat(proxied, "proxy.wrapped") > wrapped_before
+    assert _stat(proxied, "proxy.used") + _stat(proxied, "proxy.captured") > used_before
+
+
+# ---------------------------------------------------------------- proxy killed
+
+def _explain(dsn: str, query: str) -> dict[str, str | None]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return {str(k): v for k, v in c.execute(("IMP EXPLAIN " + query).encode()).fetchall()}
+
+
+def test_proxy_sigkill_and_restart(own_pg: LocalPostgres, launch: LaunchProxy) -> None:
+    direct = own_pg.dsn()
+    _load_table(direct)
+    first = launch(upstream=direct)
+    proxied = via_proxy(direct, first.port)
+    # twice: the very first capture in a fresh database is followed by one recapture (the
+    # catalog installation ran in a subtransaction whose xid the manager cannot know)
+    _assert_exact(proxied, direct)
+    _assert_exact(proxied, direct)
+    before = {q: _explain(proxied, q) for q in _queries()}
+    assert all(b["decision"] == "use" for b in before.values()), before
+    stored = {int(r[0]) for r in _rows(direct, "SELECT id FROM imp.sketches WHERE valid")}
+    assert {int(str(b["sketch_id"])) for b in before.values()} <= stored, \
+        "the sketches in use are persisted in schema imp"
+
+    busy = RawClient("127.0.0.1", first.port)
+    busy.startup("postgres", "postgres", application_name="killed-proxy-busy")
+    busy.send(codec.encode_query("SELECT pg_sleep(60)"))
+    assert _wait_active(direct, "killed-proxy-busy")
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait()
+    busy.close()
+    # PostgreSQL notices the dead proxy's sockets: no orphaned backend keeps running
+    assert wait_until(lambda: backend_count(direct, "killed-proxy-busy") == 0, timeout=30)
+
+    second = launch(upstream=direct)
+    proxied = via_proxy(direct, second.port)
+    # nothing changed since the capture: the restarted proxy reuses the persisted sketches
+    for q in _queries():
+        plan = _explain(proxied, q)
+        assert (plan["decision"], plan["sketch_id"]) == ("use", before[q]["sketch_id"]), \
+            f"{q}: after restart {plan}, before {before[q]}"
+    _assert_exact(proxied, direct)
+    # and keeps answering exactly as the data moves on
+    _write(direct)
+    _assert_exact(proxied, direct)
+    _write(direct, (1, 2))
+    _assert_exact(proxied, direct)
+
+
+# ---------------------------------------------------------------- clients killed
+
+_CLIENT = textwrap.dedent("""
+    import sys, time
+    import psycopg
+    dsn, mode = sys.argv[1], sys.argv[2]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if mode == "result":
+            for i, _ in enumerate(c.cursor().stream(
+                    "SELECT i, repeat('x', 100) FROM generate_series(1, 100000000) i")):
+                if i == 1000:
+                    print("started", flush=True)
+                    time.sleep(600)
+        elif mode == "copy-in":
+            with c.cursor().copy("COPY sink (i, s) FROM STDIN") as cp:
+                for i in range(100000000):
+                    cp.write_row((i, "y" * 50))
+                    if i == 20000:
+                        print("started", flush=True)
+                    if i > 20000:
+                        time.sleep(0.01)
+        elif mode == "copy-out":
+            with c.cursor().copy(
+                    "COPY (SELECT i FROM generate_series(1, 100000000) i) TO STDOUT") as cp:
+                for n, _ in enumerate(cp):
+                    if n == 10:
+                        print("started", flush=True)
+                        time.sleep(600)
+""")
+
+
+@pytest.fixture(scope="module")
+def relay_db(db_dsn: str) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE sink (i int, s text)")
+    _load_table(db_dsn, 20_000)
+    return db_dsn
+
+
+@pytest.mark.parametrize("mode", ["result", "copy-in", "copy-out"])
+def test_client_killed_mid_stream(sketch_proxy: ProxyProcess, relay_db: str, admin_dsn: str,
+                                  mode: str) -> None:
+    proxied = via_proxy(relay_db, sketch_proxy.port)
+    _assert_exact(proxied, relay_db)  # warm up: service pools open, sketches captured
+    dbname = str(psycopg.conninfo.conninfo_to_dict(relay_db)["dbname"])
+
+    def db_backends() -> int:
+        return int(scalar(admin_dsn, "SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE datname = %s AND backend_type = 'client backend'",
+                          (dbname,)))
+
+    base_fds, base_backends = settled_fd_count(sketch_proxy.pid), db_backends()
+    app = f"killed-{mode}-{uuid.uuid4().hex[:6]}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, via_proxy(relay_db, sketch_proxy.port,
+                                                  application_name=app), mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == b"started", child.stderr.read() if child.stderr else b""
+        assert backend_count(admin_dsn, app) == 1
+        assert fd_count(sketch_proxy.pid) > base_fds
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+    assert wait_until(lambda: backend_count(admin_dsn, app) == 0), \
+        "the killed client's upstream backend must end"
+    assert wait_until(lambda: fd_count(sketch_proxy.pid) <= base_fds), \
+        f"proxy descriptors leak: {fd_count(sketch_proxy.pid)} > {base_fds}"
+    assert wait_until(lambda: db_backends() <= base_backends)
+    if mode == "copy-in":  # the interrupted COPY committed nothing
+        assert scalar(relay_db, "SELECT count(*) FROM sink") == 0
+    assert sketch_proxy.proc.poll() is None
+    _assert_exact(proxied, relay_db)
+
+
+# ---------------------------------------------------------------- audit objects dropped
+
+def _tracked(dsn: str) -> list[tuple[Any, ...]]:
+    return _rows(dsn, "SELECT relid::regclass::text, audit_table::text FROM imp.tracked_tables "
+                      "WHERE relid = 't'::regclass")
+
+
+@pytest.mark.parametrize("victim", ["audit-table", "insert-trigger", "update-trigger"])
+def test_audit_object_dropped_by_hand(sketch_proxy: ProxyProcess, fresh_db: Any,
+                                      victim: str) -> None:
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, sketch_proxy.port)
+    _assert_exact(proxied, direct)  # captures; installs schema imp
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("SELECT imp.track_table('t')")  # as the incremental engine does
+    [(_, audit)] = _tracked(direct)
+    _write(direct)
+    assert int(scalar(direct, f"SELECT count(*) FROM {audit}")) > 0  # deltas are logged
+    _assert_exact(proxied, direct)
+
+    with psycopg.connect(direct, autocommit=True) as c:
+        if victim == "audit-table":
+            c.execute(f"DROP TABLE {audit}")
+        elif victim == "insert-trigger":
+            c.execute("DROP TRIGGER imp_audit_ins ON t")
+        else:
+            c.execute("DROP TRIGGER imp_audit_upd ON t")
+    # detected: the table is no longer tracked (its sketches' epoch check fails) and no
+    # half-tracking is left behind
+    assert _tracked(direct) == []
+    assert _rows(direct, "SELECT tgname FROM pg_trigger WHERE tgrelid = 't'::regclass "
+                         "AND tgname LIKE 'imp_audit_%'") == []
+    # the application's writes keep working, and answers stay exact
+    _write(direct, (3, 4, 5))
+    _assert_exact(proxied, direct)
+    # tracking again (next capture) works from a clean state
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("SELECT imp.track_table('t')")
+    _write(direct, (6,))
+    [(_, audit2)] = _tracked(direct)
+    assert int(scalar(direct, f"SELECT count(*) FROM {audit2}")) > 0
+    _assert_exact(proxied, direct)
+
+
+# ---------------------------------------------------------------- capture failing in PostgreSQL
+
+@pytest.mark.parametrize("failure", ["statement_timeout", "lock_timeout"])
+def test_capture_failing_inside_postgres_passes_through(launch: LaunchProxy, fresh_db: Any,
+                                                        failure: str) -> None:
+    direct = fresh_db()
+    _load_table(direct, 300_000)
+    role = f"svc_{failure}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+        if failure == "statement_timeout":
+            c.execute(f"ALTER ROLE {role} SET statement_timeout = '2ms'")
+        else:
+            c.execute(f"ALTER ROLE {role} SET lock_timeout = '50ms'")
+        # the catalog exists, so the failure below is the lock, not the installation
+        pg_extensions.install(c)
+    service_dsn = psycopg.conninfo.make_conninfo(direct, user=role)
+    p = launch(upstream=service_dsn)
+    proxied = via_proxy(direct, p.port, user="postgres")
+
+    locker = psycopg.connect(direct)
+    try:
+        if failure == "lock_timeout":
+            locker.execute("LOCK TABLE imp.sketches, imp.range_partitions IN ACCESS EXCLUSIVE MODE")
+        for _ in range(2):
+            _assert_exact(proxied, direct)
+        assert _stat(proxied, "proxy.fallbacks") >= 6, "capture must have failed and fallen back"
+        assert _stat(proxied, "proxy.captured") == 0
+        assert _stat(proxied, "proxy.used") == 0
+    finally:
+        locker.rollback()
+        locker.close()
+    if failure == "lock_timeout":
+        # the lock is gone: the sketch path resumes
+        _assert_exact(proxied, direct)
+        assert _stat(proxied, "proxy.captured") + _stat(proxied, "proxy.used") > 0
+    assert p.proc.poll() is None
+    p.stop()
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute(f"DROP ROLE {role}")
