@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-v", "--verbose", action="store_true")
     rep = sub.add_parser("report", help="re-render summary.md and plots from results.json")
     rep.add_argument("dir")
+    mer = sub.add_parser("merge", help="combine runs of several result dirs measured on the "
+                                       "same data and workloads (same scale, seed) into one")
+    mer.add_argument("out")
+    mer.add_argument("dirs", nargs="+")
     return p
 
 
@@ -143,6 +147,14 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(a: argparse.Namespace) -> int:
+    from bench.report import merge
+
+    out = merge([Path(d) for d in a.dirs], Path(a.out))
+    print((out / "summary.md").read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if getattr(a, "verbose", False) else logging.INFO,
@@ -151,4 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     if a.cmd == "run":
         return cmd_run(a)
+    if a.cmd == "merge":
+        return cmd_merge(a)
     return cmd_report(a)

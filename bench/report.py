@@ -65,6 +65,59 @@ def template_latency(result: BenchResult) -> list[dict[str, Any]]:
     return out
 
 
+MERGE_KEYS = ("rows", "groups", "seed", "max_id", "having_thresholds", "join_thresholds")
+
+
+def merge(dirs: list[Path], out: Path) -> Path:
+    """One result from several runs on identical data and workloads (checked: same data facts
+    and ops per workload). Later dirs win for a (combo, system) present twice. Each source's
+    command line and machine facts are kept under ``merged_from``."""
+    docs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    base = docs[0]
+    for d, doc in zip(dirs[1:], docs[1:], strict=True):
+        for k in MERGE_KEYS:
+            if doc["data"][k] != base["data"][k]:
+                raise ValueError(f"{d}: data {k} differs ({doc['data'][k]} vs "
+                                 f"{base['data'][k]}); not the same workload")
+        if doc["config"]["scale"]["ops"] != base["config"]["scale"]["ops"]:
+            raise ValueError(f"{d}: a different number of operations per workload")
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    lat: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for doc in docs:
+        for r in doc["runs"]:
+            runs[(r["combo"], r["system"])] = r
+        for x in doc.get("template_latency", []):
+            lat[(x["system"], x["delta"], x["template"])] = x
+    merged = dict(base)
+    merged["runs"] = sorted(runs.values(), key=lambda r: (
+        r["sweep"], r["ratio"], r["delta"], SYSTEM_ORDER.get(r["system"].split("-")[0], 9),
+        r["system"]))
+    merged["template_latency"] = list(lat.values())
+    merged["mismatches"] = sum(r["mismatches"] for r in merged["runs"])
+    merged["mismatch_details"] = [m for doc in docs for m in doc.get("mismatch_details", [])]
+    merged["merged_from"] = [{"dir": str(d), "machine": doc["machine"]}
+                             for d, doc in zip(dirs, docs, strict=True)]
+    sc = merged["config"]["scale"]
+    for key in ("ratios", "deltas"):
+        sc[key] = list(dict.fromkeys(v for doc in docs for v in doc["config"]["scale"][key]))
+    sc["systems"] = list(dict.fromkeys(r["system"] for r in merged["runs"]))
+    merged["config"]["run_name"] = out.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    with open(out / "ops.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        for i, d in enumerate(dirs):
+            with open(d / "ops.csv", newline="") as src:
+                rows = list(csv.reader(src))
+            w.writerows(rows if i == 0 else rows[1:])
+    write_runs_csv(merged, out / "runs.csv")
+    render(merged, out)
+    return out
+
+
+SYSTEM_ORDER = {"NS": 0, "FM": 1, "IMP": 2}
+
+
 def write_runs_csv(doc: dict[str, Any], path: Path) -> None:
     keys = sorted({k for r in doc["runs"] for k in r.get("counters", {})})
     with open(path, "w", newline="") as fh:
@@ -146,14 +199,22 @@ def _fmt_s(v: float) -> str:
     return f"{v:.3f}"
 
 
+def _command_line(source: dict[str, Any], show_dir: bool) -> str:
+    mm = source["machine"]
+    where = f" ({source['dir']})" if show_dir else ""
+    return (f"Command{where}: `{mm['command']}` — {mm['timestamp_utc']}, git "
+            f"{mm['git_commit'][:12]}  ")
+
+
 def summary_markdown(doc: dict[str, Any]) -> str:
     m, cfg, data = doc["machine"], doc["config"], doc["data"]
     sc = cfg["scale"]
+    sources = doc.get("merged_from") or [{"dir": ".", "machine": m}]
     lines = [
         f"# Benchmark run `{cfg.get('run_name', '')}`",
         "",
-        f"Command: `{m['command']}`  ",
-        f"When: {m['timestamp_utc']} · git {m['git_commit'][:12]}"
+        *[_command_line(x, len(sources) > 1) for x in sources],
+        f"Machine: {m['timestamp_utc']} · git {m['git_commit'][:12]}"
         f"{' (dirty)' if m.get('git_dirty') else ''} · PostgreSQL {m['postgresql']} · "
         f"{m['nproc']} CPUs ({m['cpu_model']}) · {m['memory_bytes'] / 2**30:.1f} GiB RAM · "
         f"load at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
