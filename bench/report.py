@@ -199,6 +199,35 @@ def _fmt_s(v: float) -> str:
     return f"{v:.3f}"
 
 
+#: issue 6's goal: IMP beats NS and FM everywhere except the paper's hardest cell, and is at
+#: least this much faster than NS on 1U5Q
+GOAL_1U5Q_VS_NS = 3.0
+HARDEST = "5U1Q-d2000"
+
+
+def goal_check(doc: dict[str, Any], by: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    out = ["", "## Goal check (IMP-lazy)", ""]
+    rows = []
+    for combo, systems in by.items():
+        imp, ns, fm = systems.get("IMP-lazy"), systems.get("NS"), systems.get("FM")
+        if imp is None or imp.get("error") or imp["total_s"] <= 0:
+            continue
+        vs_ns = ns["total_s"] / imp["total_s"] if ns and not ns.get("error") else None
+        vs_fm = fm["total_s"] / imp["total_s"] if fm and not fm.get("error") else None
+        need = "(exempt)" if combo == HARDEST else ""
+        ok = all(v is None or v > 1 for v in (vs_ns, vs_fm))
+        if imp["ratio"] == "1U5Q" and vs_ns is not None:
+            ok = ok and vs_ns >= GOAL_1U5Q_VS_NS
+            need = f"≥ {GOAL_1U5Q_VS_NS:g}× vs NS"
+        rows.append(f"| {combo} | {'–' if vs_ns is None else f'{vs_ns:.2f}×'} | "
+                    f"{'–' if vs_fm is None else f'{vs_fm:.2f}×'} | "
+                    f"{'met' if ok else 'missed'} {need} |")
+    if not rows:
+        return []
+    out += ["| combo | IMP-lazy vs NS | IMP-lazy vs FM | goal |", "|---|---:|---:|---|", *rows]
+    return out
+
+
 def _command_line(source: dict[str, Any], show_dir: bool) -> str:
     mm = source["machine"]
     where = f" ({source['dir']})" if show_dir else ""
@@ -266,6 +295,7 @@ def summary_markdown(doc: dict[str, Any]) -> str:
                 cells.append(f"{_speedup(combo.get('NS'), r)} vs NS, "
                              f"{_speedup(combo.get('FM'), r)} vs FM")
         lines.append(f"| {ratio} | " + " | ".join(cells) + " |")
+    lines += goal_check(doc, by)
     sweep = [r for r in doc["runs"] if r["system"].startswith("IMP-eager") or
              r["system"] == "IMP-lazy"]
     sweep_combos = sorted({r["combo"] for r in doc["runs"] if r["sweep"]})
