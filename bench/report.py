@@ -123,13 +123,14 @@ def write_runs_csv(doc: dict[str, Any], path: Path) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["system", "combo", "ratio", "delta", "sweep", "total_s", "query_s",
-                    "update_s", "wall_s", "n_queries", "n_updates", "checked", "mismatches",
-                    "errors", "maintenance_s", "error", *[f"sk_{k}" for k in keys]])
+                    "update_s", "wall_s", "loadavg_1m", "n_queries", "n_updates", "checked",
+                    "mismatches", "errors", "maintenance_s", "error", *[f"sk_{k}" for k in keys]])
         for r in doc["runs"]:
             m = maintenance_seconds(r)
             w.writerow([r["system"], r["combo"], r["ratio"], r["delta"], int(r["sweep"]),
                         f"{r['total_s']:.6f}", f"{r['query_s']:.6f}", f"{r['update_s']:.6f}",
-                        f"{r['wall_s']:.6f}", r["n_queries"], r["n_updates"], r["checked"],
+                        f"{r['wall_s']:.6f}", r.get("loadavg_1m", ""), r["n_queries"],
+                        r["n_updates"], r["checked"],
                         r["mismatches"], r["errors"], "" if m is None else f"{m:.6f}",
                         r["error"], *[r.get("counters", {}).get(k, "") for k in keys]])
 

@@ -8,6 +8,7 @@ write in between (the harness is the only writer), and the two answers are compa
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -75,6 +76,7 @@ class RunResult:
     sketches: list[dict[str, Any]] = field(default_factory=list)
     proxy_stats: dict[str, Any] = field(default_factory=dict)
     configured: str = ""
+    loadavg_1m: float = 0.0  # machine load when the run started (other work on the box)
     error: str = ""
 
     @property
@@ -235,7 +237,8 @@ class Bench:
 
     def _run_one(self, dsn: str, combo: Combo, spec: SystemSpec, sweep: bool, ops: list[Op],
                  advance: Any) -> RunResult:
-        res = RunResult(spec.name, combo.label, combo.ratio, combo.delta, sweep)
+        res = RunResult(spec.name, combo.label, combo.ratio, combo.delta, sweep,
+                        loadavg_1m=os.getloadavg()[0])
         self._prev_kind = ""
         log_path = self.out_dir / "logs" / f"{combo.label}-{spec.name}.log"
         try:
