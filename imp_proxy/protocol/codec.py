@@ -6,8 +6,10 @@ Decoders take the *whole* message (type byte + length + body) as returned by
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from ._struct import (
     FIELD_TRAILER,
@@ -62,6 +64,21 @@ def _cstr(s: str) -> bytes:
     return b + b"\x00"
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _strict(fn: _F) -> _F:
+    """A decoder given a body shorter or otherwise other than its type allows raises
+    ProtocolViolation (the session's FATAL 08P01), never struct.error/IndexError."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (struct.error, IndexError, UnicodeDecodeError) as exc:
+            raise ProtocolViolation(f"malformed message: {exc}") from exc
+    return wrapper  # type: ignore[return-value]
+
+
 def _check_type(msg: bytes, typ: str) -> None:
     if not msg or msg[0] != ord(typ):
         raise ProtocolViolation(f"expected message {typ!r}, got {msg[:1]!r}")
@@ -69,6 +86,7 @@ def _check_type(msg: bytes, typ: str) -> None:
 
 # ---------------------------------------------------------------- frontend: decode
 
+@_strict
 def decode_query(msg: bytes) -> Query:
     _check_type(msg, "Q")
     sql, _ = read_cstring(msg, 5)
@@ -80,6 +98,7 @@ def query_text_bytes(msg: bytes | bytearray | memoryview) -> bytes:
     return bytes(msg[5:-1])
 
 
+@_strict
 def decode_parse(msg: bytes) -> Parse:
     _check_type(msg, "P")
     name, pos = read_cstring(msg, 5)
@@ -92,6 +111,7 @@ def decode_parse(msg: bytes) -> Parse:
     return Parse(name, sql, types)
 
 
+@_strict
 def decode_bind(msg: bytes) -> Bind:
     _check_type(msg, "B")
     try:
@@ -124,6 +144,7 @@ def decode_bind(msg: bytes) -> Bind:
     return Bind(portal, stmt, formats, tuple(params), rformats)
 
 
+@_strict
 def decode_describe(msg: bytes) -> Describe:
     _check_type(msg, "D")
     kind = chr(msg[5])
@@ -133,6 +154,7 @@ def decode_describe(msg: bytes) -> Describe:
     return Describe(kind, name)
 
 
+@_strict
 def decode_close(msg: bytes) -> Close:
     _check_type(msg, "C")
     kind = chr(msg[5])
@@ -142,6 +164,7 @@ def decode_close(msg: bytes) -> Close:
     return Close(kind, name)
 
 
+@_strict
 def decode_execute(msg: bytes) -> Execute:
     _check_type(msg, "E")
     portal, pos = read_cstring(msg, 5)
@@ -210,11 +233,13 @@ def encode_startup(params: dict[str, str], protocol: int = 196608) -> bytes:
 
 # ---------------------------------------------------------------- backend: decode
 
+@_strict
 def decode_ready_for_query(msg: bytes) -> ReadyForQuery:
     _check_type(msg, "Z")
     return ReadyForQuery(chr(msg[5]))
 
 
+@_strict
 def decode_error_fields(msg: bytes) -> ErrorResponse:
     """ErrorResponse ('E') or NoticeResponse ('N')."""
     if not msg or msg[0] not in (ord("E"), ord("N")):
@@ -228,12 +253,14 @@ def decode_error_fields(msg: bytes) -> ErrorResponse:
     return ErrorResponse(fields)
 
 
+@_strict
 def decode_backend_key_data(msg: bytes) -> BackendKeyData:
     _check_type(msg, "K")
     pid, secret = KEY_DATA.unpack_from(msg, 5)
     return BackendKeyData(pid, secret)
 
 
+@_strict
 def decode_parameter_status(msg: bytes) -> ParameterStatus:
     _check_type(msg, "S")
     name, pos = read_cstring(msg, 5)
@@ -241,6 +268,7 @@ def decode_parameter_status(msg: bytes) -> ParameterStatus:
     return ParameterStatus(name, value)
 
 
+@_strict
 def decode_authentication(msg: bytes) -> Authentication | AuthenticationSASL:
     _check_type(msg, "R")
     code = unpack_int32_from(msg, 5)[0]
@@ -250,6 +278,7 @@ def decode_authentication(msg: bytes) -> Authentication | AuthenticationSASL:
     return Authentication(code, bytes(msg[9:]))
 
 
+@_strict
 def decode_row_description(msg: bytes) -> RowDescription:
     _check_type(msg, "T")
     n = unpack_int16_from(msg, 5)[0]
@@ -263,6 +292,7 @@ def decode_row_description(msg: bytes) -> RowDescription:
     return RowDescription(tuple(fields))
 
 
+@_strict
 def decode_data_row(msg: bytes) -> DataRow:
     _check_type(msg, "D")
     n = unpack_int16_from(msg, 5)[0]
@@ -274,11 +304,14 @@ def decode_data_row(msg: bytes) -> DataRow:
         if ln < 0:
             values.append(None)
         else:
+            if pos + ln > len(msg):
+                raise ProtocolViolation("DataRow value runs past the end of the message")
             values.append(bytes(msg[pos:pos + ln]))
             pos += ln
     return DataRow(tuple(values))
 
 
+@_strict
 def decode_command_complete(msg: bytes) -> CommandComplete:
     _check_type(msg, "C")
     tag, _ = read_cstring(msg, 5)
@@ -365,6 +398,7 @@ def empty_query_response() -> bytes:
     return _EMPTY_QUERY
 
 
+@_strict
 def strip_channel_binding(msg: bytes) -> bytes:
     """An AuthenticationSASL message without the ``-PLUS`` (channel binding) mechanisms.
 
