@@ -88,10 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--config", metavar="FILE", help="TOML config file (env IMP_CONFIG)")
     install.add_argument("--data-dir", metavar="DIR", help="embedded PostgreSQL location")
 
-    demo = sub.add_parser("demo", help="start a throwaway PostgreSQL and the proxy, run a few "
-                                       "queries through it")
-    demo.add_argument("--keep-running", action="store_true",
-                      help="keep the demo proxy running until Ctrl-C")
+    demo = sub.add_parser("demo", help="load the IMP synthetic table into a throwaway PostgreSQL "
+                                       "(or --upstream) and compare queries direct vs through "
+                                       "the proxy")
+    from .demo import add_arguments
+
+    add_arguments(demo)
     return parser
 
 
@@ -216,31 +218,9 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Placeholder demo: a throwaway cluster, the proxy in front of it, a few queries."""
-    import psycopg
+    from .demo import run
 
-    from .server import running_proxy
-
-    with LocalPostgres.throwaway_cluster() as pg:
-        cfg = ProxyConfig(listen_port=0, upstream=pg.dsn())
-        with running_proxy(cfg, load_hook(None)) as proxy:
-            dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
-            print(f"proxy on 127.0.0.1:{proxy.port} -> PostgreSQL on 127.0.0.1:{pg.port}")
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("CREATE TABLE demo (g int, v int)")
-                conn.execute("INSERT INTO demo SELECT g % 100, g FROM generate_series(1, 10000) g")
-                sql = "SELECT g, sum(v) FROM demo GROUP BY g HAVING sum(v) > 500000 ORDER BY g"
-                rows = conn.execute(sql).fetchall()
-                print(f"{sql}\n  -> {len(rows)} groups, first {rows[:3]}")
-                for key, value in conn.execute(f"IMP EXPLAIN {sql}").fetchall():
-                    print(f"  {key}: {value}")
-                for key, value in conn.execute("IMP SHOW STATS").fetchall():
-                    print(f"  {key}: {value}")
-            if args.keep_running:
-                print(f"psql -h 127.0.0.1 -p {proxy.port} -U postgres   (Ctrl-C to stop)")
-                with contextlib.suppress(KeyboardInterrupt):
-                    signal.pause()
-    return 0
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
