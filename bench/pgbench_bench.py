@@ -167,20 +167,32 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def measure(target: str, port: int, duration: int, workdir: Path) -> list[Result]:
+def measure(targets: dict[str, int], duration: int, reps: int,
+            workdir: Path) -> list[Result]:
+    """Every (protocol, clients) configuration on every target, interleaved target by target
+    and repeated ``reps`` times; per target the run with the median TPS is kept. Interleaving
+    spreads the machine's background load evenly over the targets."""
     out = []
     for mode in ("simple", "extended"):
         for clients in (1, 8):
-            tps, lat = run_pgbench(port, mode, clients, duration, workdir)
-            r = Result(target, mode, clients, tps, percentile(lat, 50), percentile(lat, 99),
-                       len(lat))
-            log.info("%-22s %-8s c=%d tps=%9.0f p50=%.3fms p99=%.3fms", target, mode, clients,
-                     tps, r.p50_ms, r.p99_ms)
-            out.append(r)
-    return out
+            runs: dict[str, list[Result]] = {t: [] for t in targets}
+            for rep in range(reps):
+                for target, port in targets.items():
+                    tps, lat = run_pgbench(port, mode, clients, duration, workdir)
+                    r = Result(target, mode, clients, tps, percentile(lat, 50),
+                               percentile(lat, 99), len(lat))
+                    log.info("rep %d %-24s %-8s c=%d tps=%9.0f p50=%.3fms p99=%.3fms", rep,
+                             target, mode, clients, tps, r.p50_ms, r.p99_ms)
+                    runs[target].append(r)
+            for target in targets:
+                ordered = sorted(runs[target], key=lambda r: r.tps)
+                out.append(ordered[len(ordered) // 2])
+    order = list(targets)
+    return sorted(out, key=lambda r: (order.index(r.target), r.mode != "simple", r.clients))
 
 
-def report(results: list[Result], argv: list[str], scale: int, duration: int) -> str:
+def report(results: list[Result], argv: list[str], scale: int, duration: int, reps: int,
+           load: tuple[tuple[float, float, float], tuple[float, float, float]]) -> str:
     direct = {(r.mode, r.clients): r for r in results if r.target == "direct"}
     lines = [
         "# pgbench -S: direct vs PgBouncer vs IMP proxy",
@@ -188,10 +200,12 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int) ->
         f"Command: `{' '.join(argv)}`  ",
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; PostgreSQL 15 (throwaway cluster, fsync off), "
-        f"pgbench scale {scale}, {duration} s per configuration, "
-        "`pgbench -S -M <mode> -c <clients> -j min(clients,2)`. PgBouncer 1.x session "
+        f"pgbench scale {scale}, {duration} s per run, {reps} interleaved runs per "
+        "configuration (median-TPS run shown), "
+        "`pgbench -S -M <mode> -c <clients> -j min(clients,2)`. PgBouncer session "
         "pooling. All processes share the same 2 cores, so relay CPU competes with "
-        "PostgreSQL and pgbench.",
+        "PostgreSQL and pgbench; the machine is shared with other work "
+        f"(load average {load[0][0]:.1f} before, {load[1][0]:.1f} after).",
         "",
         "| target | protocol | clients | TPS | ratio vs direct | p50 ms | p99 ms "
         "| added p50 ms | added p99 ms |",
@@ -203,11 +217,12 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int) ->
             f"| {r.target} | {r.mode} | {r.clients} | {r.tps:,.0f} | {r.tps / d.tps:.2f} "
             f"| {r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.p50_ms - d.p50_ms:+.3f} "
             f"| {r.p99_ms - d.p99_ms:+.3f} |")
-    lines += ["", "Overhead relative to PgBouncer (added p50 latency per transaction, "
-              "proxy / pgbouncer):", ""]
     bouncer = {(r.mode, r.clients): r for r in results if r.target == "pgbouncer"}
+    if bouncer:
+        lines += ["", "Overhead relative to PgBouncer (added p50 latency per transaction, "
+                  "proxy / pgbouncer):", ""]
     for r in results:
-        if not r.target.startswith("imp-proxy"):
+        if not r.target.startswith("imp-proxy") or not bouncer:
             continue
         d, b = direct[(r.mode, r.clients)], bouncer[(r.mode, r.clients)]
         added_b = b.p50_ms - d.p50_ms
@@ -224,28 +239,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per configuration (default 10)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pgbench.md",
                         help="markdown report to write")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="repetitions per configuration; the median-TPS run is reported")
     parser.add_argument("--skip-pgbouncer", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cmdline = ["python", "-m", "bench.pgbench_bench", *(argv if argv is not None else sys.argv[1:])]
     workdir = Path(tempfile.mkdtemp(prefix="imp-pgbench-"))
-    results: list[Result] = []
+    load_before = os.getloadavg()
     try:
-        with LocalPostgres.throwaway_cluster() as pg:
+        with LocalPostgres.throwaway_cluster() as pg, contextlib.ExitStack() as stack:
             subprocess.run(["pgbench", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
                             "-i", "-q", "-s", str(args.scale), "postgres"], check=True,
                            capture_output=True)
-            results += measure("direct", pg.port, args.duration, workdir)
+            targets = {"direct": pg.port}
             if not args.skip_pgbouncer:
-                with pgbouncer(pg, workdir) as port:
-                    results += measure("pgbouncer", port, args.duration, workdir)
-            with imp_proxy(pg, workdir, "--no-sketches") as port:
-                results += measure("imp-proxy (relay only)", port, args.duration, workdir)
-            with imp_proxy(pg, workdir) as port:
-                results += measure("imp-proxy (sketches on)", port, args.duration, workdir)
+                targets["pgbouncer"] = stack.enter_context(pgbouncer(pg, workdir))
+            targets["imp-proxy (relay only)"] = stack.enter_context(
+                imp_proxy(pg, workdir, "--no-sketches"))
+            targets["imp-proxy (sketches on)"] = stack.enter_context(imp_proxy(pg, workdir))
+            results = measure(targets, args.duration, args.reps, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = report(results, cmdline, args.scale, args.duration)
+    load = (load_before, os.getloadavg())
+    text = report(results, cmdline, args.scale, args.duration, args.reps, load)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

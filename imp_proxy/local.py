@@ -1,0 +1,139 @@
+"""IMP statements answered by the proxy on the client's connection (session mixin).
+
+A simple ``Query`` with an IMP statement is answered whole. In the extended protocol, a batch
+that starts with an IMP statement while nothing is in flight upstream is a *local batch*: its
+Parse/Bind/Describe/Execute/Close of IMP statements are answered here, an error discards until
+Sync (as PostgreSQL does), the Sync gets a ReadyForQuery with the upstream's last status, and
+the first non-IMP message hands the rest of the batch to the upstream (every local reply was
+already written, so the order the client sees stays right).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from . import admin, intercept
+from .protocol import codec
+from .protocol.messages import BIND, CLOSE, DESCRIBE, EXECUTE, FLUSH, PARSE
+
+if TYPE_CHECKING:
+    from .protocol.framing import BoundaryScanner
+
+
+class LocalAdmin:
+    """Mixin of Session: the state and handlers of locally answered IMP statements."""
+
+    client: asyncio.Transport
+    scanner: BoundaryScanner
+    batch_open: bool
+    local_batch: bool
+    local_error: bool
+    admin_stmts: dict[str, admin.AdminCommand]
+    admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]]
+
+    def _extended_special(self, data: bytes, pos: int, end: int) -> str | None:
+        raise NotImplementedError
+
+    def _run_held(self, coro: Coroutine[Any, Any, None]) -> None:
+        raise NotImplementedError
+
+    def _local_message(self, msg: bytes) -> str | None:
+        """Answers one message of a local (IMP) batch; a non-IMP message ends local mode."""
+        typ = msg[0]
+        if self.local_error:
+            return "local"  # discard until Sync, as PostgreSQL does after an error
+        if typ == PARSE:
+            p = codec.decode_parse(msg)
+            if not admin.is_admin(p.sql.encode()[:16]):
+                return self._leave_local(msg)
+            try:
+                self.admin_stmts[p.name] = admin.parse_admin(p.sql)
+            except admin.AdminError as exc:
+                self._local_fail(exc)
+                return "local"
+            self.client.write(codec.parse_complete())
+            return "local"
+        if typ == FLUSH:
+            return "local"
+        if not self._refers_to_admin(msg):
+            return self._leave_local(msg)
+        if typ == BIND:
+            b = codec.decode_bind(msg)
+            if b.params:
+                self._local_fail(admin.AdminError(
+                    "08P01", "IMP statements take no parameters"))
+                return "local"
+            self.admin_portals[b.portal] = (self.admin_stmts[b.statement], b.result_formats)
+            self.client.write(codec.bind_complete())
+        elif typ == DESCRIBE:
+            d = codec.decode_describe(msg)
+            if d.kind == "S":
+                cols = self.admin_stmts[d.name].columns
+                out = codec.encode_parameter_description(())
+                out += admin.row_description(cols) if cols is not None else codec.no_data()
+            else:
+                cmd, fmts = self.admin_portals[d.name]
+                cols = cmd.columns
+                out = admin.row_description(cols, fmts) if cols is not None else codec.no_data()
+            self.client.write(out)
+        elif typ == CLOSE:
+            c = codec.decode_close(msg)
+            (self.admin_stmts if c.kind == "S" else self.admin_portals).pop(c.name, None)
+            self.client.write(codec.close_complete())
+        elif typ == EXECUTE:
+            e = codec.decode_execute(msg)
+            cmd, _ = self.admin_portals[e.portal]
+            self._run_held(self._admin_execute(cmd))
+            return "hold"
+        return "local"
+
+    def _leave_local(self, msg: bytes) -> str | None:
+        """A non-IMP message in a local batch: from here on the batch goes upstream (the local
+        replies already sent precede every upstream reply, so the order stays right)."""
+        self.local_batch = False
+        self.batch_open = True
+        return self._extended_special(msg, 0, len(msg))
+
+    def _local_fail(self, exc: admin.AdminError) -> None:
+        self.client.write(codec.encode_error("ERROR", exc.sqlstate, exc.message))
+        self.local_error = True
+
+    def _local_sync(self) -> None:
+        self.local_batch = False
+        self.local_error = False
+        self.admin_portals.pop("", None)  # the unnamed portal ends with the implicit txn
+        self.client.write(codec.encode_ready_for_query(chr(self.scanner.status)))
+
+    async def _admin_query(self, body: bytes) -> None:
+        try:
+            cmd = admin.parse_admin(body.decode())
+            result = await intercept.run_admin(self, cmd)  # type: ignore[arg-type]
+            out = admin.encode_result(result)
+        except admin.AdminError as exc:
+            out = codec.encode_error("ERROR", exc.sqlstate, exc.message)
+        except UnicodeDecodeError:
+            out = codec.encode_error("ERROR", "22021", "invalid UTF-8 in IMP statement")
+        self.client.write(out + codec.encode_ready_for_query(chr(self.scanner.status)))
+
+    async def _admin_execute(self, cmd: admin.AdminCommand) -> None:
+        try:
+            result = await intercept.run_admin(self, cmd)  # type: ignore[arg-type]
+        except admin.AdminError as exc:
+            self._local_fail(exc)
+            return
+        self.client.write(admin.encode_rows(result))
+
+    def _refers_to_admin(self, msg: bytes) -> bool:
+        typ = msg[0]
+        if typ == BIND:
+            return codec.decode_bind(msg).statement in self.admin_stmts
+        if typ in (DESCRIBE, CLOSE):
+            kind, name = chr(msg[5]), msg[6:-1].decode(errors="replace")
+            table: dict[str, Any] = self.admin_stmts if kind == "S" else self.admin_portals
+            return name in table
+        if typ == EXECUTE:
+            return codec.decode_execute(msg).portal in self.admin_portals
+        return False
+
