@@ -97,7 +97,7 @@ def declared_end(buf: bytes | bytearray | memoryview, pos: int, max_size: int) -
     if length < 4 or length > max_size:
         raise ProtocolViolation(f"invalid message length {length} for message type "
                                 f"{chr(buf[pos])!r}")
-    return pos + 1 + length
+    return int(pos + 1 + length)
 
 
 class MessageReader:
