@@ -115,6 +115,12 @@ class RoutedBackend:
                 log.warning("%s: %s", job, reason)
                 ran_on = "postgres"
                 result = on_postgres()
+            except Exception as exc:  # noqa: BLE001 — a bug or an unwrapped py4j error
+                reason = (f"{choice.reason}; Spark failed unexpectedly "
+                          f"({type(exc).__name__}: {exc}); ran on PostgreSQL")
+                log.exception("%s: %s", job, reason)
+                ran_on = "postgres"
+                result = on_postgres()
         else:
             result = on_postgres()
         decision = Decision(job, choice.backend, ran_on, reason,

@@ -100,7 +100,9 @@ class SparkSettings:
     ``conf``: any ``spark.*`` settings (override :data:`DEFAULT_CONF`); ``jdbc_jar``: the
     PostgreSQL JDBC driver; ``jdbc_url``: how executors reach PostgreSQL (default: built from
     the caller's connection — host, port, database, user; the password travels as a
-    property); ``max_partitions``: JDBC partitions per table read."""
+    property); ``max_partitions``: JDBC partitions per table read; ``broadcast_rows``: in a
+    join, tables PostgreSQL estimates (``reltuples``) at most this large are broadcast (JDBC
+    relations have no size statistics in Spark, which would otherwise shuffle both sides)."""
 
     master: str = "local[*]"
     app_name: str = "imp-proxy"
@@ -109,6 +111,7 @@ class SparkSettings:
     jdbc_url: str | None = None
     max_partitions: int = 8
     fetch_size: int = 10_000
+    broadcast_rows: float = 1_000_000.0
 
     def spark_conf(self) -> dict[str, str]:
         out = dict(DEFAULT_CONF)
@@ -413,7 +416,12 @@ class SparkBackend:
                       "preferTimestampNTZ": "true"})
         frames = []
         for read in plan.reads:
-            types.update(self._check_types(conn, read))
+            try:
+                with conn.transaction():  # a savepoint: a failure leaves the caller's intact
+                    types.update(self._check_types(conn, read))
+            except psycopg.Error as exc:
+                raise BackendJobFailed(f"pushed-down read of {read.schema}.{read.name} "
+                                       f"failed in PostgreSQL: {exc}") from exc
             table = sql.SQL("({}) AS {}").format(
                 read.query(), sql.Identifier(f"imp_r{read.index}")).as_string(conn)
             predicates = [p.as_string(conn)
@@ -428,7 +436,20 @@ class SparkBackend:
                 raise BackendJobFailed(f"JDBC read of {read.schema}.{read.name} failed: "
                                        f"{_first_line(exc)}") from exc
             frames.append(frame)
+        if len(frames) > 1:
+            from pyspark.sql import functions as F
+            sizes = [self._rows(conn, read) for read in plan.reads]
+            largest = max(range(len(sizes)), key=lambda i: sizes[i])
+            frames = [F.broadcast(f) if i != largest and 0 <= sizes[i]
+                      <= self.settings.broadcast_rows else f for i, f in enumerate(frames)]
         return frames
+
+    def _rows(self, conn: psycopg.Connection[Any], read: TableRead) -> float:
+        """PostgreSQL's row estimate of the table (-1: never analysed)."""
+        row = conn.execute(
+            "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s", (read.schema, read.name)).fetchone()
+        return -1.0 if row is None else float(row[0])
 
     def _check_types(self, conn: psycopg.Connection[Any], read: TableRead) -> dict[str, int]:
         query = sql.SQL("SELECT * FROM ({}) AS q LIMIT 0").format(read.query())
