@@ -22,7 +22,7 @@ from . import admin
 from .errors import UpstreamError
 from .protocol import codec
 from .protocol._struct import FLOAT4, FLOAT8, INT16, INT32, INT64, unpack_int16_from
-from .protocol.framing import frame_end
+from .protocol.framing import ProtocolViolation, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
     BIND,
@@ -89,9 +89,12 @@ def batch_shape(data: bytes, pos: int, max_size: int,
     if kinds not in (b"PBDES", b"PBES", b"BDES", b"BES"):
         return None
     raw = {k: bytes(data[s:e]) for k, s, e in frames}
-    parse = codec.decode_parse(raw[PARSE]) if PARSE in raw else None
-    bind = codec.decode_bind(raw[BIND])
-    execute = codec.decode_execute(raw[EXECUTE])
+    try:
+        parse = codec.decode_parse(raw[PARSE]) if PARSE in raw else None
+        bind = codec.decode_bind(raw[BIND])
+        execute = codec.decode_execute(raw[EXECUTE])
+    except ProtocolViolation:
+        return None  # not wrapped: PostgreSQL answers the malformed message itself
     if execute.max_rows != 0 or execute.portal != bind.portal:
         return None
     if parse is not None:

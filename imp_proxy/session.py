@@ -308,7 +308,7 @@ class Session(LocalAdmin):
         if typ == PARSE:
             name_end = data.find(b"\x00", pos + 5, end)
             if name_end < 0:
-                raise ProtocolViolation("malformed Parse message")
+                return None  # PostgreSQL answers a malformed body itself (ERROR, not FATAL)
             if (name_end + 1 < end and data[name_end + 1] in _ADMIN_FIRST
                     and admin.is_admin(data[name_end + 1:name_end + 17])):
                 if self.idle:
@@ -325,7 +325,10 @@ class Session(LocalAdmin):
                         self.statements.pop(data[pos + 5:name_end].decode(errors="replace"),
                                             None)
                     return None
-                msg = codec.decode_parse(bytes(data[pos:end]))
+                try:
+                    msg = codec.decode_parse(bytes(data[pos:end]))
+                except ProtocolViolation:
+                    return None  # forwarded: PostgreSQL reports the malformed body itself
                 self.statements[msg.name] = (msg.sql, msg.param_types)
                 if self.idle and self.scanner.status == _IDLE and self._batch_candidate(
                         data, pos, msg.sql):
