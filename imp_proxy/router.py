@@ -10,11 +10,13 @@ only through :class:`SketchHook`, whose methods match ``sketches.manager.SketchM
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,6 +150,9 @@ class PerDatabase:
             h.configure(name, value)  # type: ignore[attr-defined]
 
 
+SERVICE_BACKOFF = 30.0  # seconds a database is skipped after its service pool failed
+
+
 class ServiceError(RuntimeError):
     """The proxy's service connection failed (pool exhausted, upstream unreachable)."""
 
@@ -212,6 +217,7 @@ class Router:
         self._cache: OrderedDict[str, Decision] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self._service_down: dict[str, float] = {}
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
             "passthrough": 0, "fallbacks": 0, "admin_commands": 0, "connections": 0,
@@ -263,22 +269,19 @@ class Router:
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
-        try:
-            with pools.pool(dbname).connection() as conn:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                try:
-                    conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(
-                        pgsql.Literal(snapshot)))
-                    if search_path is not None:
-                        conn.execute("SELECT set_config('search_path', %s, true)",
-                                     (search_path,))
-                    p = hook.prepare(conn, sql, params, search_path)
-                    conn.execute("COMMIT")
-                except BaseException:
+        with self._service(dbname) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            try:
+                conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                    pgsql.Literal(snapshot)))
+                if search_path is not None:
+                    conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
+                p = hook.prepare(conn, sql, params, search_path)
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):  # keep the original error
                     conn.execute("ROLLBACK")
-                    raise
-        except PoolTimeout as exc:
-            raise ServiceError(f"no service connection for {dbname}: {exc}") from exc
+                raise
         return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql)
 
     async def drop(self, dbname: str, sketch_id: int) -> bool:
@@ -291,8 +294,32 @@ class Router:
     def _with_service(self, dbname: str, fn: Any) -> Any:
         if self.hook is None or self.pools is None:
             raise ServiceError("no sketch library configured")
-        with self.pools.pool(dbname).connection() as conn:
+        with self._service(dbname) as conn:
             return fn(self.hook, conn)
+
+    @contextlib.contextmanager
+    def _service(self, dbname: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled service connection. When none can be had (upstream unreachable, the DSN's
+        credentials refused), the database is skipped for SERVICE_BACKOFF seconds so candidate
+        queries fall back at once instead of each waiting for the pool timeout."""
+        assert self.pools is not None
+        until = self._service_down.get(dbname, 0.0)
+        if time.monotonic() < until:
+            raise ServiceError(f"service connections to {dbname!r} are failing; "
+                               f"retrying in {until - time.monotonic():.0f} s")
+        pool = self.pools.pool(dbname)
+        try:
+            conn = pool.getconn()
+        except PoolTimeout as exc:
+            self._service_down[dbname] = time.monotonic() + SERVICE_BACKOFF
+            log.warning("no service connection for database %r; sketches off there for %.0f s",
+                        dbname, SERVICE_BACKOFF)
+            raise ServiceError(f"no service connection for {dbname!r}: {exc}") from exc
+        self._service_down.pop(dbname, None)
+        try:
+            yield conn
+        finally:
+            pool.putconn(conn)  # resets or discards a connection left in a bad state
 
     def _hook_for(self, dbname: str | None) -> SketchHook | None:
         if isinstance(self.hook, PerDatabase) and dbname is not None:

@@ -307,3 +307,26 @@ def test_replies_byte_identical_to_direct(proxy: ProxyProcess, db_dsn: str) -> N
     assert proxied == direct
     kinds = bytes(m[0] for m in proxied)
     assert b"s" in kinds and b"I" in kinds and b"N" in kinds and b"3" in kinds
+
+
+def test_service_connection_failure_falls_back_fast(start_proxy: StartProxy,
+                                                    auth_cluster: LocalPostgres) -> None:
+    """The proxy's own service connections use the upstream DSN's credentials; when they are
+    refused, sketchable queries still answer (original SQL), and after the first failure the
+    database is skipped at once instead of waiting for the pool timeout each time."""
+    with psycopg.connect(auth_cluster.dsn(), autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS probe (id bigserial PRIMARY KEY, grp int)")
+        c.execute("GRANT SELECT ON probe TO md5user")
+        c.execute("INSERT INTO probe (grp) VALUES (1), (1), (2)")
+    p = start_proxy("--connect-timeout", "2",
+                    upstream=f"postgresql://md5user@127.0.0.1:{auth_cluster.port}/postgres",
+                    hook="tests.imp_proxy.hooks:create_hook")
+    dsn = f"host=127.0.0.1 port={p.port} dbname=postgres user=md5user password=md5-secret"
+    q = "SELECT grp, count(*) FROM probe GROUP BY grp ORDER BY grp"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert c.execute(q).fetchall() == [(1, 2), (2, 1)]
+        t0 = time.monotonic()
+        assert c.execute(q).fetchall() == [(1, 2), (2, 1)]
+        assert time.monotonic() - t0 < 1.0
+        s = dict(c.execute("IMP SHOW STATS").fetchall())
+    assert s["proxy.fallbacks"] == "2" and s["proxy.wrapped"] == "0"
