@@ -165,6 +165,9 @@ def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
         yield cfg
         return
     datadir = cfg.data_dir / "pg" / "data"
+    if not cfg.data_dir.exists():
+        cfg.data_dir.mkdir(parents=True)
+        cfg.data_dir.chmod(0o755)  # the server user must be able to enter it
     port = _postmaster_port(datadir)
     if port is not None:
         log.info("reusing the embedded PostgreSQL on port %d (%s)", port, datadir)

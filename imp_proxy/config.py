@@ -37,9 +37,14 @@ class ConfigError(ValueError):
 
 
 def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/imp-proxy`` or ``~/.local/share/imp-proxy``."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "imp-proxy"
+    """``$XDG_DATA_HOME/imp-proxy`` or ``~/.local/share/imp-proxy``; as root
+    ``/var/lib/imp-proxy`` (the embedded PostgreSQL runs as ``postgres``, which cannot enter
+    root's home directory)."""
+    if os.environ.get("XDG_DATA_HOME"):
+        return Path(os.environ["XDG_DATA_HOME"]) / "imp-proxy"
+    if os.geteuid() == 0:
+        return Path("/var/lib/imp-proxy")
+    return Path.home() / ".local" / "share" / "imp-proxy"
 
 
 def parse_listen(value: str) -> tuple[str, int]:

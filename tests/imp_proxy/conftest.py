@@ -62,13 +62,15 @@ class ProxyProcess:
 _LISTENING = re.compile(r"imp-proxy listening on [^\s]+:(\d+)")
 
 
-def launch_proxy(upstream: str, *args: str, timeout: float = 30.0) -> ProxyProcess:
-    """Starts ``python -m imp_proxy serve`` on a free port and waits until it listens."""
+def launch_proxy(upstream: str | None, *args: str, timeout: float = 60.0) -> ProxyProcess:
+    """Starts ``python -m imp_proxy serve`` on a free port and waits until it listens
+    (``upstream=None``: the proxy's embedded PostgreSQL)."""
+    up = ["--upstream", upstream] if upstream is not None else []
     log = Path(tempfile.mkstemp(prefix="imp-proxy-", suffix=".log")[1])
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "imp_proxy", "--log-level", "INFO", "serve",
-             "--listen", "127.0.0.1:0", "--upstream", upstream, *args],
+             "--listen", "127.0.0.1:0", *up, *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + timeout

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from imp_proxy.cli import build_parser, library_settings
 from imp_proxy.config import ConfigError, ProxyConfig, TlsConfig, load_config, parse_listen
+
+from .conftest import launch_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,3 +86,42 @@ def test_help_documents_every_option() -> None:
         assert subprocess.run([sys.executable, "-m", "imp_proxy", cmd, "--help"], cwd=ROOT,
                               capture_output=True).returncode == 0
     assert isinstance(ProxyConfig().data_dir, Path)
+
+
+def test_install_command(fresh_db: Callable[[], str]) -> None:
+    dsn = fresh_db()
+    res = subprocess.run([sys.executable, "-m", "imp_proxy", "install", "--upstream", dsn],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("applied: ") and "001_" in res.stdout
+    again = subprocess.run([sys.executable, "-m", "imp_proxy", "install", "--upstream", dsn],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "already up to date" in again.stdout
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*) > 0 FROM imp.schema_version").fetchone() == (True,)
+
+
+def test_serve_without_upstream_starts_and_reuses_embedded_postgres() -> None:
+    data = Path(tempfile.mkdtemp(prefix="imp-data-", dir="/tmp"))
+    data.chmod(0o755)
+    try:
+        p = launch_proxy(None, "--data-dir", str(data), "--no-sketches")
+        try:
+            with psycopg.connect(f"host=127.0.0.1 port={p.port} user=postgres dbname=postgres",
+                                 autocommit=True) as c:
+                c.execute("CREATE TABLE kept (x int)")
+                c.execute("INSERT INTO kept VALUES (42)")
+        finally:
+            p.stop()
+        pidfile = data / "pg" / "data" / "postmaster.pid"
+        assert not pidfile.exists()  # the proxy stopped the cluster it started
+        p = launch_proxy(None, "--data-dir", str(data), "--no-sketches")
+        try:
+            with psycopg.connect(f"host=127.0.0.1 port={p.port} user=postgres dbname=postgres",
+                                 autocommit=True) as c:
+                assert c.execute("SELECT x FROM kept").fetchone() == (42,)
+        finally:
+            p.stop()
+        assert not pidfile.exists()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
