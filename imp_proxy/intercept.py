@@ -310,6 +310,16 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
 
 # ------------------------------------------------------------------ IMP statements
 
+async def client_may_not_run(s: Session, sql: str) -> str | None:
+    """PostgreSQL's error when the client's role may not run ``sql``, else None: a plain
+    ``EXPLAIN`` on the client's own backend (permission checks and planning, no execution;
+    the extended protocol refuses a second statement)."""
+    payload = (codec.encode_parse("", "EXPLAIN " + sql)
+               + codec.encode_bind(Bind("", "", (), (), ())) + codec.encode_execute("")
+               + codec.encode_sync())
+    return _first_error(await s.exchange_with_upstream(payload, 1))
+
+
 async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
     """What the proxy would do with ``sql`` now: classify, then (if a candidate and the
     backend is idle) the real snapshot + prepare steps, rolled back afterwards."""
@@ -327,6 +337,13 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
                 ("sketch_id", None), ("instrumented_sql", None), *rows]
     s.enter_parse_mode()
     try:
+        # the service connection captures as the service role: first make sure the client's
+        # own role may run the query, else IMP EXPLAIN would reveal data (fragments, ranges) of
+        # tables the client cannot read
+        denied = await client_may_not_run(s, sql)
+        if denied is not None:
+            return [("decision", "passthrough"), ("reason", denied), ("sketch_id", None),
+                    ("instrumented_sql", None), *rows]
         try:
             outcome, _ = await begin_and_prepare(s, sql, None, ())
         except Fallback as exc:

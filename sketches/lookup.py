@@ -3,6 +3,7 @@ indexes. Used by the manager to resolve queries and choose sketch attributes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,11 @@ import psycopg
 from psycopg import sql as psql
 
 from sketches.safety import SafeAttribute
-from sketches.sql import ColumnResolver
+from sketches.sql import ColumnResolver, QueryAnalysis
+
+_ROLE_FUNCTIONS = re.compile(
+    r"\b(current_user|session_user|current_role|user|current_setting|pg_has_role"
+    r"|has_\w+_privilege|row_security_active)\b", re.IGNORECASE)
 
 
 def resolver(conn: psycopg.Connection[Any]) -> ColumnResolver:
@@ -49,6 +54,34 @@ def resolve_table(conn: psycopg.Connection[Any], schema: str | None,
     if row is None or row[2] not in ("r", "p", "m"):
         return None
     return str(row[0]), str(row[1])
+
+
+def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> str | None:
+    """Why the query's result may depend on the role that runs it, or None.
+
+    Capture runs on the proxy's service connection, as the service role; the client's query
+    runs as the client's role. When the two can see different rows — row-level security on a
+    table, a view or foreign table (its definition may filter by role), a role-dependent
+    function — a sketch captured for one role can miss rows the other needs: such queries pass
+    through. (Found by tests/reliability: an RLS-restricted role got 0 groups instead of 1000.)
+    """
+    m = _ROLE_FUNCTIONS.search(analysis.sql)
+    if m:
+        return f"the query uses {m.group(1)}: its result depends on the role"
+    for t in analysis.tables:
+        name = psql.SQL("quote_ident(%s)") if t.schema is None else \
+            psql.SQL("quote_ident(%s) || '.' || quote_ident(%s)")
+        args: tuple[str, ...] = (t.name,) if t.schema is None else (t.schema, t.name)
+        row = conn.execute(
+            psql.SQL("SELECT c.relkind, c.relrowsecurity FROM pg_class c"
+                     " WHERE c.oid = to_regclass({})").format(name), args).fetchone()
+        if row is None:
+            continue
+        if row[0] in ("v", "f"):
+            return f"{t.name} is a view or foreign table: its rows may depend on the role"
+        if row[1]:
+            return f"{t.name} has row-level security: its rows depend on the role"
+    return None
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,

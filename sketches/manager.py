@@ -186,6 +186,9 @@ class SketchManager:
         analysis, safety = self._analyse(conn, sql)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
+        role_reason = lookup.role_dependent(conn, analysis)
+        if role_reason is not None:
+            return self._passthrough(role_reason)
         if self.settings.persist:
             self._ensure_catalog(conn)
             if not tmpl.loaded:
