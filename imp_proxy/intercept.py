@@ -287,11 +287,16 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
             prep = await s.exchange_with_upstream(
                 codec.encode_close("S", WRAP_STATEMENT)
                 + codec.encode_parse(WRAP_STATEMENT, outcome.instrumented_sql, types)
-                + codec.encode_sync(), 1)
+                + codec.encode_describe("S", WRAP_STATEMENT) + codec.encode_sync(), 1)
             err = _first_error(prep)
             if err is not None:
                 await _rollback(s)
                 raise Fallback(f"instrumented SQL does not parse: {err}")
+            described = [_parameter_types(m) for t, m in prep if t == PARAMETER_DESCRIPTION]
+            if not described or described[0] != tuple(types) \
+                    or len(types) != len(shape.bind.params):
+                await _rollback(s)
+                raise Fallback("instrumented SQL takes other parameters than the client binds")
         except Fallback as exc:
             log.debug("fallback: %s", exc)
             s.router.count("fallbacks")

@@ -77,6 +77,8 @@ class ProbeHook:
             self.last_params = list(params) if params is not None else None
             self.last_search_path = search_path
         where = f"id <= {k}"
+        if "extra_param_me" in sql and params:  # a rewrite that needs one more parameter
+            where += f" AND ${len(params) + 1}::int IS NULL"
         if re.search(r"\bwhere\b", sql, re.I):
             instrumented = re.sub(r"\bwhere\b", f"WHERE {where} AND", sql, count=1, flags=re.I)
         else:

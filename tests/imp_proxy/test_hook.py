@@ -158,6 +158,18 @@ def test_hook_failure_falls_back_to_original(hdsn: str, db_dsn: str) -> None:
         assert c.info.transaction_status == pq.TransactionStatus.IDLE
 
 
+def test_instrumented_sql_with_other_parameters_falls_back(hdsn: str, db_dsn: str) -> None:
+    sql = QP.replace("SELECT", "SELECT /* extra_param_me */", 1)
+    with psycopg.connect(db_dsn, autocommit=True) as d:
+        expected = d.execute(sql, (10, 2)).fetchall()
+    with psycopg.connect(hdsn, autocommit=True) as c:
+        before = stats(c)
+        assert c.execute(sql, (10, 2)).fetchall() == expected
+        after = stats(c)
+        assert int(after["proxy.fallbacks"]) == int(before["proxy.fallbacks"]) + 1
+        assert after["proxy.wrapped"] == before["proxy.wrapped"]
+
+
 def test_error_in_wrapped_query_reaches_client(hdsn: str) -> None:
     bad = Q.replace("ORDER BY grp", "HAVING 1/(count(*) - count(*)) = 1")
     with psycopg.connect(hdsn, autocommit=True) as c:
