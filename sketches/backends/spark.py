@@ -88,9 +88,9 @@ DEFAULT_CONF: tuple[tuple[str, str], ...] = (
 
 # PostgreSQL type oids whose values survive the JDBC → Spark → Python trip unchanged.
 _BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8 = 16, 20, 21, 23, 25, 701
-_BPCHAR, _VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1042, 1043, 1082, 1114, 1700
-_EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _BPCHAR, _VARCHAR, _DATE,
-                          _TIMESTAMP, _NUMERIC})
+_VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1043, 1082, 1114, 1700
+_EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _VARCHAR, _DATE,
+                          _TIMESTAMP, _NUMERIC})  # not char(n): Spark's read-side padding
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
 
 
@@ -510,7 +510,10 @@ class SparkBackend:
 
     def _capture_job(self, plan: BatchPlan, frames: Sequence[Any],
                      c_collation: bool) -> list[set[int]]:
+        """Distinct ``(slot, fragment)`` pairs of the result rows, in one pass over the data
+        (the grouped frame is cached while top-k reads it several times)."""
         from pyspark.sql import functions as F
+        cached = None
         if plan.grouped:
             df = self._grouped(plan, frames)
             if not c_collation:
@@ -518,21 +521,27 @@ class SparkBackend:
             if plan.having is not None:
                 df = df.filter(_column(plan.having))
             if plan.limit is not None:
+                df = cached = df.persist()
                 df = self._top(df, plan.order, plan.limit)
-            pieces = [df.select(F.lit(i).alias("slot"), F.explode(F.col(f"s_{f}")).alias("f"))
+            tagged = [F.transform(F.col(f"s_{f}"), _tagger(i))
                       for i, f in enumerate(plan.fragment_columns)]
         else:
             df = self._joined(plan, frames)
             if plan.limit is not None:
                 df = self._top(df, plan.order, plan.limit)
-            pieces = [df.select(F.lit(i).alias("slot"), F.col(f).alias("f"))
+            tagged = [F.array(F.struct(F.lit(i).alias("slot"), F.col(f).alias("f")))
                       for i, f in enumerate(plan.fragment_columns)]
         out: list[set[int]] = [set() for _ in range(plan.slots)]
-        if not pieces:
+        if not tagged:
             return out
-        union = reduce(lambda a, b: a.unionByName(b), pieces).distinct()
-        for row in self._collect(union):
-            out[int(row[0])].add(int(row[1]))
+        pairs = df.select(F.explode(F.concat(*tagged)).alias("p")) \
+            .select("p.slot", "p.f").distinct()
+        try:
+            for row in self._collect(pairs):
+                out[int(row[0])].add(int(row[1]))
+        finally:
+            if cached is not None:
+                cached.unpersist()
         return out
 
     def _top(self, df: Any, order: Sequence[OrderKey], limit: int) -> Any:
@@ -642,6 +651,16 @@ def _sum_value(type_oid: int | None, value: Any) -> Any:
     if type_oid == _INT8:
         return Decimal(int(value))
     return value
+
+def _tagger(slot: int) -> Any:
+    """``f -> struct(slot, f)`` for ``F.transform`` (a one-argument function)."""
+    from pyspark.sql import functions as F
+
+    def tag(f: Any) -> Any:
+        return F.struct(F.lit(slot).alias("slot"), f.alias("f"))
+
+    return tag
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sketches.backends.base import MatchRequest
+from sketches.backends.base import BackendUnsupported, MatchRequest
 from sketches.backends.postgres import PostgresBackend
 from sketches.backends.spark import SparkBackend
 from tests.sketches.backends.helpers import fragments_of, targets_for
@@ -158,3 +158,25 @@ def test_ties_at_the_kth_row_span_fragments(conn: psycopg.Connection[Any],
         got = spark_backend.capture(conn, text, analysis, targets)
         assert fragments_of(got) == fragments_of(expected)
         assert len(fragments_of(expected)[0]) >= 2, text
+
+
+def test_timestamps_varchar_and_refused_types(conn: psycopg.Connection[Any],
+                                              spark_backend: SparkBackend) -> None:
+    conn.execute("DROP TABLE IF EXISTS ts")
+    conn.execute("CREATE TABLE ts (k varchar(8), at timestamp, r real, c char(3))")
+    conn.execute("INSERT INTO ts SELECT 'k' || (i % 5), timestamp '2021-03-28 00:30:00'"
+                 " + i * interval '17 minutes 3.25 seconds', i / 3.0, 'x' FROM"
+                 " generate_series(1, 200) i")
+    conn.execute("ANALYZE ts")
+    for text in ("SELECT ts.k, max(ts.at), min(ts.at), count(*) FROM ts GROUP BY ts.k",
+                 "SELECT ts.at, count(*) FROM ts GROUP BY ts.at HAVING count(*) >= 1"):
+        analysis, targets = targets_for(conn, text, 4)
+        assert spark_backend.capture(conn, text, analysis, targets).parts == \
+            PG.capture(conn, text, analysis, targets).parts
+        assert spark_backend.build_state(conn, analysis, targets, None, 3).same_as(
+            PG.build_state(conn, analysis, targets, None, 3))
+    for text in ("SELECT ts.k, sum(ts.r) FROM ts GROUP BY ts.k",
+                 "SELECT ts.c, count(*) FROM ts GROUP BY ts.c"):
+        analysis, targets = targets_for(conn, text, 4)
+        with pytest.raises(BackendUnsupported):
+            spark_backend.build_state(conn, analysis, targets)
