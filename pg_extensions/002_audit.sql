@@ -14,6 +14,12 @@ CREATE TABLE IF NOT EXISTS imp.tracked_tables (
     tracked_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Epochs come from one sequence: every tracking lifetime and every bump gets a value never used
+-- before, so a table untracked (e.g. its audit table dropped by hand) and tracked again can never
+-- show a state built under the old tracking the epoch it was built under (with a per-row counter
+-- restarting at 0, writes between untrack and re-track were invisible to the epoch check).
+CREATE SEQUENCE IF NOT EXISTS imp.epoch_seq;
+
 -- (Re)creates the audit table of a tracked table: same columns, types and collations as T (LIKE),
 -- SELECT granted to exactly the roles holding SELECT on T. Internal; callers hold the row lock.
 CREATE OR REPLACE FUNCTION imp._create_audit_table(rel regclass) RETURNS regclass
@@ -107,7 +113,7 @@ END $$;
 CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    UPDATE imp.tracked_tables SET epoch = epoch + 1 WHERE relid = TG_RELID;
+    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = TG_RELID;
     RETURN NULL;
 END $$;
 
@@ -128,8 +134,8 @@ BEGIN
     IF FOUND THEN
         RETURN audit;
     END IF;
-    INSERT INTO imp.tracked_tables (relid, audit_table, columns)
-    VALUES (rel::oid, 'imp.tracked_tables'::regclass, '{}');
+    INSERT INTO imp.tracked_tables (relid, audit_table, columns, epoch)
+    VALUES (rel::oid, 'imp.tracked_tables'::regclass, '{}', nextval('imp.epoch_seq'));
     audit := imp._create_audit_table(rel);
     EXECUTE format('CREATE TRIGGER imp_audit_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS imp_new'
                    ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_insert()', rel);
@@ -199,7 +205,7 @@ BEGIN
         JOIN imp.tracked_tables t ON t.relid = c.objid
         WHERE c.classid = 'pg_class'::regclass
     LOOP
-        UPDATE imp.tracked_tables SET epoch = epoch + 1 WHERE relid = cmd.objid;
+        UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = cmd.objid;
         PERFORM imp._create_audit_table(cmd.objid::regclass);
     END LOOP;
 END $$;
