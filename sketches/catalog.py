@@ -34,14 +34,19 @@ def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
     transactions (pg_extensions/003_own_xacts.sql), so a restarted manager knows it too."""
     conn.execute("INSERT INTO imp.own_xacts (xid) VALUES (%s::text::xid8) ON CONFLICT DO NOTHING",
                  (str(xid),))
-    # older than every valid sketch version: can no longer matter (pruned in this same, already
-    # recorded, transaction so the prune itself is no foreign write)
-    conn.execute("DELETE FROM imp.own_xacts WHERE xid < (SELECT min(pg_snapshot_xmin(version))"
-                 " FROM imp.sketches WHERE valid)")
 
 
 def own_xids(conn: psycopg.Connection[Any]) -> set[int]:
-    """The recorded own transactions (a previous run's included)."""
+    """The recorded own transactions (a previous run's included), read once when a manager
+    starts. Rows older than every valid sketch version can no longer matter and are pruned
+    here — not on every write: concurrent REPEATABLE READ prepares deleting the same rows
+    failed with serialisation errors (then fell back to passthrough). A prune makes this
+    transaction a writer, so it records itself."""
+    cur = conn.execute("DELETE FROM imp.own_xacts WHERE xid < (SELECT min(pg_snapshot_xmin("
+                       "version)) FROM imp.sketches WHERE valid)")
+    if cur.rowcount:
+        conn.execute("INSERT INTO imp.own_xacts (xid) VALUES (pg_current_xact_id())"
+                     " ON CONFLICT DO NOTHING")
     rows = conn.execute("SELECT xid::text::bigint FROM imp.own_xacts").fetchall()
     return {int(r[0]) for r in rows}
 
