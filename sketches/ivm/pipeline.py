@@ -82,6 +82,8 @@ class Pipeline:
         self.relids: tuple[int, ...] = ()
         self.epochs: tuple[int, ...] = ()
         self.broken = False
+        self.applied = 0
+        """Delta rows applied by the last ``maintain`` (0: nothing changed)."""
         self._conn: Conn | None = None
         self._reset()
 
@@ -346,6 +348,7 @@ class Pipeline:
             raise PipelineBroken("no state: call build_state or restore first")
         current = deltas.require_snapshot(conn)
         empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
+        self.applied = 0
         if current == self.version:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
@@ -369,6 +372,7 @@ class Pipeline:
         if not any(fetched):
             self.version = current
             return empty
+        self.applied = sum(len(z) for z in fetched)
         self._conn = conn
         self.broken = True
         try:
