@@ -229,20 +229,21 @@ def inline_params(text: str, conn: psycopg.Connection[Any],
     if "$" not in text:
         return text
     stmt = parse_select("SELECT " + text)
-    node = stmt.targetList[0].val
+    node: Any = stmt.targetList[0].val  # type: ignore[index]
     _replace_params(node, conn, params)
     return to_sql(node)
 
 
-def _param_node(number: int, conn: psycopg.Connection[Any],
+def _param_node(number: Any, conn: psycopg.Connection[Any],
                 params: Sequence[object] | None) -> ast.Node:
     if params is None or not 1 <= number <= len(params):
         raise BackendUnsupported(f"parameter ${number} is not bound")
     literal = sql.Literal(params[number - 1]).as_string(conn)
-    return parse_select("SELECT " + literal).targetList[0].val
+    node: ast.Node = parse_select("SELECT " + literal).targetList[0].val  # type: ignore[index]
+    return node
 
 
-def _replace_params(node: ast.Node, conn: psycopg.Connection[Any],
+def _replace_params(node: Any, conn: psycopg.Connection[Any],
                     params: Sequence[object] | None) -> None:
     for attr in list(node):
         value = getattr(node, attr, None)
@@ -313,7 +314,7 @@ def build_plan(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
     order: list[OrderKey] = []
     limit = None
     if analysis.limit is not None:
-        limit = analysis.limit.resolve(params)
+        limit = analysis.limit.resolve(None if params is None else tuple(params))
         if limit is None:
             raise BackendUnsupported("LIMIT parameter not bound")
         for o in analysis.order_by:
@@ -340,7 +341,7 @@ def translate(text: str, names: dict[str, str], avg: frozenset[str],
     """``text`` (HAVING or an ORDER BY key of an aggregate query) as a :data:`Node` over the
     aggregate / group key columns named in ``names`` (keyed by their SQL text)."""
     try:
-        node = parse_select("SELECT " + text).targetList[0].val
+        node: Any = parse_select("SELECT " + text).targetList[0].val  # type: ignore[index]
     except UnsupportedQuery as exc:
         raise BackendUnsupported(f"cannot parse {text!r}: {exc}") from exc
     return _translate(node, names, avg, params)
@@ -349,7 +350,7 @@ def translate(text: str, names: dict[str, str], avg: frozenset[str],
 _NUMERIC = (int, Decimal, float, bool)
 
 
-def _translate(node: ast.Node, names: dict[str, str], avg: frozenset[str],
+def _translate(node: Any, names: dict[str, str], avg: frozenset[str],
                params: Sequence[object] | None) -> Node:
     printed = to_sql(node)
     if printed in avg:
@@ -359,16 +360,16 @@ def _translate(node: ast.Node, names: dict[str, str], avg: frozenset[str],
     if isinstance(node, ast.A_Const):
         return Lit(_constant(node))
     if isinstance(node, ast.ParamRef):
-        if params is None or not 1 <= node.number <= len(params):
-            raise BackendUnsupported(f"parameter ${node.number} is not bound")
-        value = params[node.number - 1]
+        number = int(node.number or 0)
+        if params is None or not 1 <= number <= len(params):
+            raise BackendUnsupported(f"parameter ${number} is not bound")
+        value = params[number - 1]
         if value is not None and not isinstance(value, _NUMERIC):
-            raise BackendUnsupported(
-                f"parameter ${node.number} of type {type(value).__name__}")
+            raise BackendUnsupported(f"parameter ${number} of type {type(value).__name__}")
         return Lit(value)
     if isinstance(node, ast.A_Expr) and node.kind == A_Expr_Kind.AEXPR_OP \
-            and len(node.name) == 1:
-        op = node.name[0].sval
+            and len(node.name or ()) == 1:
+        op = str(node.name[0].sval)  # type: ignore[index]
         right = _translate(node.rexpr, names, avg, params)
         if node.lexpr is None:
             if op == "-":
@@ -378,7 +379,7 @@ def _translate(node: ast.Node, names: dict[str, str], avg: frozenset[str],
             return Bin(op, _translate(node.lexpr, names, avg, params), right)
         raise BackendUnsupported(f"operator {op}")
     if isinstance(node, ast.BoolExpr):
-        args = tuple(_translate(a, names, avg, params) for a in node.args)
+        args = tuple(_translate(a, names, avg, params) for a in node.args or ())
         if node.boolop == BoolExprType.AND_EXPR:
             return BoolOp("and", args)
         if node.boolop == BoolExprType.OR_EXPR:
@@ -390,14 +391,14 @@ def _translate(node: ast.Node, names: dict[str, str], avg: frozenset[str],
     raise BackendUnsupported(f"expression {printed!r} is not evaluated outside PostgreSQL")
 
 
-def _constant(node: ast.A_Const) -> object:
+def _constant(node: Any) -> object:
     if node.isnull:
         return None
     val = node.val
     if isinstance(val, ast.Integer):
-        return int(val.ival)
+        return int(val.ival or 0)
     if isinstance(val, ast.Float):
-        return Decimal(val.fval)  # a numeric literal in PostgreSQL
+        return Decimal(str(val.fval))  # a numeric literal in PostgreSQL
     if isinstance(val, ast.Boolean):
         return bool(val.boolval)
     raise BackendUnsupported(f"constant {to_sql(node)} (only numbers and booleans)")

@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -34,6 +34,9 @@ from sketches.backends.postgres import PostgresBackend, resolve_schemas
 from sketches.capture import CaptureResult, CaptureTarget, capture_sql
 from sketches.cost import Choice, CostSettings, choose, estimate
 from sketches.sql.model import QueryAnalysis
+
+if TYPE_CHECKING:
+    from sketches.backends.spark import SparkBackend
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class RoutedBackend:
 
     name = "routed"
 
-    def __init__(self, cost: CostSettings | None = None, spark: Any | None = None,
+    def __init__(self, cost: CostSettings | None = None, spark: SparkBackend | None = None,
                  postgres: PostgresBackend | None = None, history: int = 100) -> None:
         self.cost = cost or CostSettings()
         self.postgres = postgres or PostgresBackend()
