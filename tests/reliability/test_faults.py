@@ -184,6 +184,8 @@ def test_proxy_sigkill_and_restart(own_pg: LocalPostgres, launch: LaunchProxy) -
     assert {int(str(b["sketch_id"])) for b in before.values()} <= stored, \
         "the sketches in use are persisted in schema imp"
 
+    # operator state of the incremental engine (imp.ivm_state), when it maintains these
+    persisted_state = int(scalar(direct, "SELECT count(*) FROM imp.ivm_state")) > 0
     busy = RawClient("127.0.0.1", first.port)
     busy.startup("postgres", "postgres", application_name="killed-proxy-busy")
     busy.send(codec.encode_query("SELECT pg_sleep(60)"))
@@ -204,6 +206,12 @@ def test_proxy_sigkill_and_restart(own_pg: LocalPostgres, launch: LaunchProxy) -
     _assert_exact(proxied, direct)
     # and keeps answering exactly as the data moves on
     _write(direct)
+    if persisted_state:
+        # the incremental engine persisted operator state: the restarted proxy continues
+        # maintenance from it (same sketch, maintained) instead of recapturing
+        after = {q: _explain(proxied, q) for q in _queries()}
+        assert any((a["decision"], a["sketch_id"]) == ("use", before[q]["sketch_id"])
+                   for q, a in after.items()), after
     _assert_exact(proxied, direct)
     _write(direct, (1, 2))
     _assert_exact(proxied, direct)
