@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -53,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--templates", type=_csv,
                    help="query templates of the mix: having, join, topk, tpch-topk")
     r.add_argument("--tpch-sf", type=float, help="TPC-H scale factor (0: no TPC-H)")
-    r.add_argument("--proxy-bin", default=str(ROOT / ".venv" / "bin" / "imp-proxy"))
+    r.add_argument("--proxy-code", default="HEAD",
+                   help="git revision whose committed code the proxy runs (extracted with git "
+                        "archive; default HEAD), or 'worktree' for the working tree as it is")
+    r.add_argument("--proxy-bin", help="an imp-proxy executable to run instead (working tree)")
     r.add_argument("--proxy-arg", action="append", default=[],
                    help="extra argument for `imp-proxy serve` (repeatable)")
     r.add_argument("--no-check", action="store_true", help="do not compare answers")
@@ -106,6 +110,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     name = a.run_name or f"{a.scale}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     return RunConfig(scale=sc, seed=a.seed, dsn=a.dsn, run_name=name,
                      results_dir=a.results_dir, proxy_bin=a.proxy_bin,
+                     proxy_code=a.proxy_code,
                      proxy_args=tuple(a.proxy_arg), check=not a.no_check,
                      keep_databases=a.keep_databases,
                      progress=not a.no_progress and sys.stderr.isatty())
@@ -157,6 +162,8 @@ def cmd_merge(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: databases dropped, proxy and throwaway PostgreSQL stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     logging.basicConfig(level=logging.DEBUG if getattr(a, "verbose", False) else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)

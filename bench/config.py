@@ -123,7 +123,8 @@ class RunConfig:
     dsn: str | None = None  # None: a throwaway local PostgreSQL
     run_name: str = ""
     results_dir: str = "bench/results"
-    proxy_bin: str = ".venv/bin/imp-proxy"
+    proxy_bin: str | None = None  # an imp-proxy executable (runs the working tree's code)
+    proxy_code: str = "HEAD"  # git revision the proxy runs (a git archive), or "worktree"
     proxy_args: tuple[str, ...] = ()
     check: bool = True
     keep_databases: bool = False

@@ -31,6 +31,7 @@ def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[s
         "config": result.config.to_json(),
         "data": result.stats.to_json(),
         "setup_s": result.setup_s,
+        "proxy_code": result.proxy_code,
         "mismatches": result.mismatches,
         "runs": [r.to_json() for r in result.runs],
         "template_latency": template_latency(result),
@@ -248,6 +249,8 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         f"{' (dirty)' if m.get('git_dirty') else ''} · PostgreSQL {m['postgresql']} · "
         f"{m['nproc']} CPUs ({m['cpu_model']}) · {m['memory_bytes'] / 2**30:.1f} GiB RAM · "
         f"load at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
+        "",
+        f"Proxy code: {doc.get('proxy_code', '?')}",
         "",
         f"Data: r = {data['rows']:,} rows, G = {data['groups']:,} groups, s = {data['groups']:,} "
         f"rows, TPC-H SF {sc['tpch_sf']:g}{' (Q10-style top-k in the mix)' if data['tpch'] else ''}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench import datagen
 from bench.compare import compare
 from bench.config import Combo, RunConfig, SystemSpec
-from bench.systems import Endpoint, execute, open_endpoint
+from bench.systems import Endpoint, ProxyLauncher, execute, open_endpoint
 from bench.workload import DataStats, Op, WorkloadGenerator
 from imp_proxy.embedded import LocalPostgres
 
@@ -98,6 +99,7 @@ class BenchResult:
     mismatch_details: list[dict[str, Any]]
     pg_version: str
     setup_s: float
+    proxy_code: str = ""
 
     @property
     def mismatches(self) -> int:
@@ -175,6 +177,7 @@ class Bench:
         self.ops: list[OpResult] = []
         self.mismatch_details: list[dict[str, Any]] = []
         self._prev_kind = ""
+        self.launcher: ProxyLauncher | None = None
 
     def plan(self) -> list[tuple[Combo, SystemSpec, bool]]:
         sc = self.config.scale
@@ -185,6 +188,10 @@ class Bench:
 
     def run(self) -> BenchResult:
         sc = self.config.scale
+        if any(s.via_proxy for _, s, _ in self.plan()):
+            self.launcher = ProxyLauncher.from_config(
+                self.config.proxy_bin, self.config.proxy_code, Path(tempfile.gettempdir()))
+            log.info("proxy code: %s", self.launcher.label)
         with postgres(self.config.dsn) as admin:
             t0 = time.perf_counter()
             template = f"bench_tpl_{self.tag}"
@@ -204,7 +211,8 @@ class Bench:
                 if not self.config.keep_databases:
                     drop_database(admin, template)
         return BenchResult(self.config, stats, runs, self.ops, self.mismatch_details,
-                           pg_version, setup_s)
+                           pg_version, setup_s,
+                           self.launcher.label if self.launcher else "not used")
 
     def _run_cells(self, admin: str, template: str, stats: DataStats) -> list[RunResult]:
         cells = self.plan()
@@ -242,7 +250,8 @@ class Bench:
         self._prev_kind = ""
         log_path = self.out_dir / "logs" / f"{combo.label}-{spec.name}.log"
         try:
-            with open_endpoint(spec, dsn, self.config.proxy_bin, log_path,
+            assert self.launcher is not None or not spec.via_proxy
+            with open_endpoint(spec, dsn, self.launcher, log_path,  # type: ignore[arg-type]
                                self.config.proxy_args) as ep:
                 res.configured = ep.configured
                 t0 = time.perf_counter()

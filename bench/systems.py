@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,13 +34,44 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _child_env() -> dict[str, str]:
-    """The proxy runs this checkout's code: the repository root leads PYTHONPATH (an editable
-    install made before a package was added would not find it)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
-                                        if p)
-    return env
+@dataclass(frozen=True, slots=True)
+class ProxyLauncher:
+    """How to start ``imp-proxy serve``: the argv before ``serve`` and the code it runs.
+
+    ``code_dir`` leads the child's PYTHONPATH (and is its cwd), so the proxy runs exactly that
+    code — a pinned ``git archive`` of a commit (the default: results are reproducible at a
+    recorded commit, whatever is being edited in the working tree meanwhile) or the working
+    tree itself.
+    """
+
+    argv: tuple[str, ...]
+    code_dir: Path
+    label: str
+
+    @classmethod
+    def from_config(cls, proxy_bin: str | None, proxy_code: str, scratch: Path) -> ProxyLauncher:
+        if proxy_bin:
+            return cls((proxy_bin,), REPO_ROOT, f"binary {proxy_bin} (working tree)")
+        module = (sys.executable, "-m", "imp_proxy")
+        if proxy_code == "worktree":
+            return cls(module, REPO_ROOT, "working tree")
+        sha = subprocess.run(["git", "rev-parse", "--verify", f"{proxy_code}^{{commit}}"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, check=True
+                             ).stdout.strip()
+        dest = scratch / f"imp-code-{sha[:12]}"
+        if not (dest / ".complete").exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            archive = subprocess.run(["git", "archive", sha], cwd=REPO_ROOT,
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+            (dest / ".complete").write_text(sha + "\n")
+        return cls(module, dest, f"git {sha}")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.code_dir),
+                                                        env.get("PYTHONPATH")) if p)
+        return env
 
 
 class ProxyError(RuntimeError):
@@ -47,42 +79,64 @@ class ProxyError(RuntimeError):
 
 
 #: admin statements tried in order for FM; the first the proxy accepts wins
-FM_STATEMENTS = ("IMP SET strategy = full", "IMP SET strategy = recapture")
+FM_STATEMENTS = ("IMP SET strategy = recapture", "IMP SET strategy = full")
+#: eager runs isolate the batch-size trigger (IMP paper Fig. 16): the time trigger is pushed out
+EAGER_INTERVAL_S = 3600
+_REJECTED = (psycopg.errors.UndefinedObject, psycopg.errors.InvalidParameterValue,
+             psycopg.errors.SyntaxError, psycopg.errors.InvalidTextRepresentation)
 
 
-def admin_statements(spec: SystemSpec) -> list[str]:
-    """The proxy's admin statements that put it into the incremental strategy of ``spec``."""
+def admin_statements(spec: SystemSpec) -> list[tuple[str, bool]]:
+    """(statement, required) that put the proxy into the incremental strategy of ``spec``."""
     if spec.kind == "lazy":
-        return ["IMP SET strategy = lazy"]
+        return [("IMP SET strategy = lazy", True)]
     if spec.kind == "eager":
-        return ["IMP SET strategy = eager", f"IMP SET batch_size = {int(spec.batch or 1)}"]
+        return [("IMP SET strategy = eager", True),
+                (f"IMP SET batch_size = {int(spec.batch or 1)}", True),
+                (f"IMP SET batch_interval = {EAGER_INTERVAL_S}", False)]
     return []
 
 
 def configure(conn: Conn, spec: SystemSpec) -> str:
     """Puts the proxy behind ``conn`` into ``spec``'s strategy; returns how (for the record).
 
-    Full maintenance = a stale sketch is recaptured from scratch. If the proxy has no setting
-    for it, its default maintenance must say so in ``IMP SHOW STATS`` (``maintenance`` =
-    ``recapture-on-change``), otherwise the run fails rather than measure the wrong thing.
+    Full maintenance = a stale sketch is recaptured from scratch (``IMP SET strategy =
+    recapture``). A proxy without that setting qualifies only if ``IMP SHOW STATS`` says its
+    maintenance is recapture-on-change; whenever the proxy reports its ``strategy``, it must be
+    the one asked for — otherwise the run fails rather than measure the wrong thing.
     """
+    done: list[str] = []
     if spec.kind == "fm":
         for stmt in FM_STATEMENTS:
             try:
                 execute(conn, stmt)
-                return stmt
-            except (psycopg.errors.UndefinedObject, psycopg.errors.InvalidParameterValue,
-                    psycopg.errors.SyntaxError):
+                done.append(stmt)
+                break
+            except _REJECTED:
                 continue
-        maint = str(show_stats(conn).get("maintenance", ""))
-        if "recapture" not in maint:
-            raise ProxyError(f"the proxy offers no full-maintenance setting and its default "
-                             f"maintenance is {maint!r}")
-        return f"default maintenance {maint}"
-    stmts = admin_statements(spec)
-    for stmt in stmts:
-        execute(conn, stmt)
-    return "; ".join(stmts)
+        stats = show_stats(conn)
+        if not done:
+            maint = str(stats.get("maintenance", ""))
+            if "recapture" not in maint or "strategy" in stats:
+                raise ProxyError(f"the proxy offers no full-maintenance setting (maintenance "
+                                 f"{maint!r}, strategy {stats.get('strategy')!r})")
+            done.append(f"default maintenance {maint}")
+        want = "recapture"
+    else:
+        for stmt, required in admin_statements(spec):
+            try:
+                execute(conn, stmt)
+                done.append(stmt)
+            except _REJECTED:
+                if required:
+                    raise
+                log.info("%s: optional setting refused: %s", spec.name, stmt)
+        stats = show_stats(conn)
+        want = spec.kind
+    got = stats.get("strategy")
+    if got is not None and str(got).lower() not in (want, "full"):
+        raise ProxyError(f"asked for strategy {want!r}, the proxy reports {got!r}")
+    return "; ".join(done)
 
 
 def execute(conn: Conn, text: str) -> psycopg.Cursor[tuple[Any, ...]]:
@@ -106,7 +160,7 @@ def show_stats(conn: Conn) -> dict[str, Any]:
 class ProxyProcess:
     """``imp-proxy serve --listen 127.0.0.1:<port> --upstream <dsn>`` as a child process."""
 
-    binary: str
+    launcher: ProxyLauncher
     upstream: str
     log_path: Path
     extra_args: tuple[str, ...] = ()
@@ -122,14 +176,15 @@ class ProxyProcess:
         return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
 
     def start(self, timeout: float = 30.0) -> None:
-        argv = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}",
+        argv = [*self.launcher.argv, "serve", "--listen", f"127.0.0.1:{self.port}",
                 "--upstream", self.upstream, *self.extra_args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logfile = open(self.log_path, "ab")  # noqa: SIM115 — handed to the child
         try:
             self._proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                          start_new_session=True, env=_child_env(),
-                                          cwd=REPO_ROOT)
+                                          start_new_session=True,
+                                          env=self.launcher.env(),
+                                          cwd=self.launcher.code_dir)
         finally:
             logfile.close()
         self.pid = self._proc.pid
@@ -194,7 +249,7 @@ class Endpoint:
 
 
 @contextmanager
-def open_endpoint(spec: SystemSpec, db_dsn: str, proxy_bin: str, log_path: Path,
+def open_endpoint(spec: SystemSpec, db_dsn: str, launcher: ProxyLauncher, log_path: Path,
                   proxy_args: tuple[str, ...] = ()) -> Iterator[Endpoint]:
     """Connections for one run of ``spec`` against database ``db_dsn``; starts/stops the proxy."""
     direct = psycopg.connect(db_dsn, autocommit=True)
@@ -203,7 +258,7 @@ def open_endpoint(spec: SystemSpec, db_dsn: str, proxy_bin: str, log_path: Path,
         if not spec.via_proxy:
             yield Endpoint(spec, direct, direct)
             return
-        proxy = ProxyProcess(proxy_bin, db_dsn, log_path, proxy_args)
+        proxy = ProxyProcess(launcher, db_dsn, log_path, proxy_args)
         proxy.start()
         conn = _connect_retry(proxy.dsn(db_dsn))
         try:

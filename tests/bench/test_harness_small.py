@@ -19,7 +19,6 @@ from bench.report import write_all
 from bench.runner import Bench, BenchResult, RunResult
 
 ROOT = Path(__file__).resolve().parents[2]
-PROXY_BIN = ROOT / ".venv" / "bin" / "imp-proxy"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def small_run(admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> tuple
         pytest.skip("the proxy has no IMP SET strategy yet (incremental engine not integrated)")
     out = tmp_path_factory.mktemp("bench-small")
     cfg = RunConfig(scale=SCALES["small"], dsn=admin_dsn, run_name="test-small",
-                    results_dir=str(out), proxy_bin=str(PROXY_BIN), progress=False)
+                    results_dir=str(out), proxy_code="worktree", progress=False)
     result = Bench(cfg, out, ROOT / "bench" / "data").run()
     write_all(result, out, machine_facts(result.pg_version))
     return result, out
