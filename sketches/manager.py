@@ -5,15 +5,28 @@ catalog, safety check. ``prepare(conn, sql, params)`` runs inside the client's s
 service connection: it finds a reusable sketch of the query's template and brings it up to
 date through the maintenance hook, or captures a new one, and returns the instrumented SQL.
 
-Maintenance hook (issue 4): ``SketchManager(settings, maintenance=...)`` takes a
-``MaintenanceStrategy``. Until the incremental engine plugs in, the default
-``RecaptureOnChange`` keeps a sketch only while ``sketches.freshness`` proves that the
-current snapshot sees the same data as the sketch's version, and otherwise asks for a
-recapture — never wrong, but any commit in the cluster forces a recapture.
+Maintenance (issue 4, docs/MAINTENANCE.md): by default a sketch is maintained incrementally
+(``SketchSettings.strategy``: ``lazy`` — brought to the query's snapshot when a query needs
+it — or ``eager`` — also maintained in batches by a background thread, :mod:`sketches.background`).
+``recapture`` (and queries the engine cannot maintain) keep ``RecaptureOnChange``: a sketch is
+kept only while ``sketches.freshness`` proves that nothing changed since its version.
+
+Capture with incremental state. State may only be built in a snapshot that sees the tables'
+tracking (``imp.track_table``) committed: then every write the snapshot does not see fired the
+audit triggers, so the deltas since the state's version are complete. ``prepare`` runs in the
+client's imported snapshot, which can never see a tracking committed after it was taken, so:
+when a query's tables are already tracked in its snapshot, the state is built right there (the
+capture); otherwise the sketch is captured plainly for this query (exact in its snapshot, kept
+with ``RecaptureOnChange``), the tables are queued for tracking, which the background thread
+does in its own short transaction, and the first later query whose snapshot sees the tracking
+builds the state (a second capture). Use: ``Pipeline.maintain`` in the query's snapshot, under
+the template lock (the background thread takes it too), so versions only move forward; a
+snapshot older than the state's version (the background ran ahead) passes through.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -25,10 +38,14 @@ from typing import Any
 
 import psycopg
 
-from sketches import catalog, freshness, lookup
+from sketches import catalog, deltas, freshness, incremental, lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.errors import CaptureError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
+from sketches.ivm import state as ivm_state
+from sketches.ivm.errors import IvmError, NotMaintainable
+from sketches.ivm.pipeline import Pipeline
+from sketches.ivm.plan import SketchTarget
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
 from sketches.safety import Safety, check
@@ -44,7 +61,12 @@ class SketchSettings:
     """``fragments``: fragments per range partition; ``capture_after``: capture on the N-th
     execution of a template (1 = first sight); ``max_coverage``: do not instrument when a
     sketch covers more than this fraction of its fragments (1.0: only when it covers all);
-    ``persist``: store partitions and sketches in schema ``imp``."""
+    ``persist``: store partitions and sketches in schema ``imp``; ``strategy``: how new and
+    loaded sketches are kept up to date (``lazy`` | ``eager`` | ``recapture``, see
+    docs/MAINTENANCE.md); ``batch_size`` / ``batch_interval`` (s): the eager trigger policies
+    (maintain once that many delta rows are pending, or that long after the last maintenance);
+    ``state_interval`` (s): how often the background thread persists states and collects
+    audit rows."""
 
     enabled: bool = True
     fragments: int = 1000
@@ -52,6 +74,15 @@ class SketchSettings:
     max_coverage: float = 1.0
     classify_cache_size: int = 4096
     persist: bool = True
+    strategy: str = "lazy"
+    batch_size: int = 1000
+    batch_interval: float = 5.0
+    state_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        incremental.check_strategy(self.strategy)
+        if self.batch_size < 1 or self.batch_interval <= 0 or self.state_interval <= 0:
+            raise ValueError("batch_size must be >= 1, batch_interval and state_interval > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +112,15 @@ class _Entry:
     last_used: float | None = None
     instrumented: dict[str, str | None] = field(default_factory=dict)
     """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change)."""
+    analysis: QueryAnalysis | None = None
+    session: incremental.SessionSettings | None = None
+    strategy: str | None = None
+    """Per-sketch strategy (None: ``SketchSettings.strategy``)."""
+    pipeline: Pipeline | None = None
+    ivm_off: str | None = None
+    """Why the sketch is not maintained incrementally (then: recapture on change)."""
+    dirty: bool = False
+    last_maintained: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -98,6 +138,11 @@ class SketchManager:
                  maintenance: MaintenanceStrategy | None = None) -> None:
         self.settings = settings or SketchSettings()
         self.maintenance: MaintenanceStrategy = maintenance or RecaptureOnChange()
+        self._custom = maintenance is not None  # a hook given by the caller decides alone
+        self._conninfo: dict[str, Any] | None = None
+        self._to_track: dict[str, incremental.SessionSettings] = {}
+        self._background: Any = None  # sketches.background.Background, started on demand
+        self._seconds: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._classified: OrderedDict[str, Classification] = OrderedDict()
         self._analysed: OrderedDict[tuple[str, str], tuple[QueryAnalysis, Safety]] = \
@@ -159,6 +204,8 @@ class SketchManager:
             return self._passthrough(cls.reason)
         if search_path is not None:
             conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
+        if self._conninfo is None:
+            self._remember_conninfo(conn)
         tmpl = self._template(cls.template)
         with tmpl.lock:
             tmpl.seen += 1
@@ -202,7 +249,9 @@ class SketchManager:
                 (inst.thresholds, inst.limit)
             if not same and not self._useful(entry.sketch):
                 continue  # a broad sketch of a looser query: a fresh capture may skip more
-            refreshed = self.maintenance.refresh(conn, entry.sketch, request)
+            refreshed = self._refresh(conn, entry, request)
+            if isinstance(refreshed, str):
+                return self._passthrough(refreshed)
             if refreshed is None:
                 self._forget(conn, tmpl, entry)
                 continue
@@ -217,11 +266,197 @@ class SketchManager:
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")
-        sketch = self._capture(conn, sql, params, template, analysis, safety)
-        entry = _Entry(sketch, inst, last_used=time.time(), uses=1)
+        entry = self._capture(conn, sql, params, template, analysis, safety)
+        entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         tmpl.entries.insert(0, entry)
         self._count("captures")
         return self._finish("capture", sql, entry)
+
+    # ---- incremental maintenance (docs/MAINTENANCE.md) ----------------------------------
+
+    def strategy_of(self, entry: _Entry) -> str:
+        """The strategy that keeps ``entry`` up to date."""
+        if self._custom:
+            return self.maintenance.name
+        if entry.ivm_off is not None:
+            return "recapture"
+        return entry.strategy or self.settings.strategy
+
+    def _refresh(self, conn: psycopg.Connection[Any], entry: _Entry,
+                 request: MaintenanceRequest) -> Sketch | str | None:
+        """The entry's sketch valid in conn's snapshot; None: recapture; a string: pass this
+        query through for that reason (the sketch stays)."""
+        if self.strategy_of(entry) not in ("lazy", "eager"):
+            return self.maintenance.refresh(conn, entry.sketch, request)
+        if entry.pipeline is None and not self._attach(conn, entry):
+            return self.maintenance.refresh(conn, entry.sketch, request)
+        return self._maintain(conn, entry)
+
+    def _attach(self, conn: psycopg.Connection[Any], entry: _Entry) -> bool:
+        """Gives ``entry`` its pipeline: the persisted state (restart), else one built in this
+        snapshot (a capture). False when the engine cannot maintain the query or the tables'
+        tracking is not visible yet."""
+        sketch = entry.sketch
+        try:
+            if entry.analysis is None:
+                raise NotMaintainable("the sketch's query could not be analysed")
+            targets = [SketchTarget(p.table.index, p.column, p.partition) for p in sketch.parts]
+            pipeline = incremental.compile_checked(conn, entry.analysis, targets, sketch.params)
+        except NotMaintainable as exc:
+            entry.ivm_off = str(exc)
+            return False
+        assert entry.session is not None
+        if not incremental.tracked(conn, pipeline):
+            self._queue_tracking(pipeline, entry.session)
+            return False
+        started = time.perf_counter()
+        if self.settings.persist and sketch.id is not None and sketch.id > 0:
+            try:
+                if ivm_state.load(conn, str(sketch.id), pipeline):
+                    entry.pipeline = pipeline
+                    self._apply(entry, pipeline.sketch(), pipeline.version or "")
+                    self._ensure_background()
+                    self._count("states_loaded")
+                    log.info("sketch %s: state reloaded at %s", sketch.id, pipeline.version)
+                    return True
+            except IvmError as exc:
+                log.info("sketch %s: persisted state unusable (%s): rebuilding", sketch.id, exc)
+        frags = pipeline.build_state(conn)
+        self._seconds["capture_seconds"] += time.perf_counter() - started
+        entry.pipeline = pipeline
+        entry.captures += 1
+        self._count("captures")
+        self._count("state_builds")
+        self._apply(entry, frags, pipeline.version or "")
+        self._save_state(conn, entry)
+        self._ensure_background()
+        return True
+
+    def _maintain(self, conn: psycopg.Connection[Any], entry: _Entry) -> Sketch | str | None:
+        """``maintain`` in conn's snapshot (the caller holds the template lock)."""
+        pipeline = entry.pipeline
+        assert pipeline is not None
+        started = time.perf_counter()
+        try:
+            pipeline.maintain(conn)
+        except deltas.VersionAhead:
+            self._count("version_ahead")
+            return "the sketch's state is newer than the query's snapshot"
+        except deltas.OwnWrites:
+            return "the transaction wrote to a table of the query"
+        except (IvmError, deltas.NotTracked) as exc:
+            log.info("sketch %s: recapture (%s: %s)", entry.sketch.id, type(exc).__name__, exc)
+            self._count("ivm_failures")
+            entry.pipeline = None
+            return None
+        self._note_maintenance(entry, time.perf_counter() - started)
+        return entry.sketch
+
+    def _note_maintenance(self, entry: _Entry, seconds: float) -> None:
+        pipeline = entry.pipeline
+        assert pipeline is not None
+        self._seconds["maintenance_seconds"] += seconds
+        if pipeline.applied:
+            entry.maintenances += 1
+            entry.last_maintained = time.monotonic()
+            self._count("maintenances")
+        if pipeline.version != entry.sketch.version:
+            entry.dirty = True
+            self._apply(entry, pipeline.sketch(), pipeline.version or "")
+
+    def _apply(self, entry: _Entry, frags: Sequence[frozenset[int]], version: str) -> None:
+        """The entry's sketch with the pipeline's fragments at ``version``."""
+        old = entry.sketch
+        parts = tuple(dataclasses.replace(p, fragments=f)
+                      for p, f in zip(old.parts, frags, strict=True))
+        if parts != old.parts:
+            entry.instrumented.clear()
+        entry.sketch = old.with_state(parts, version)
+
+    def _save_state(self, conn: psycopg.Connection[Any], entry: _Entry) -> None:
+        """Persists the entry's state in conn's transaction (the caller holds its lock)."""
+        sid = entry.sketch.id
+        if not self.settings.persist or entry.pipeline is None or sid is None or sid <= 0:
+            return
+        ivm_state.save(conn, str(sid), entry.pipeline)
+        entry.dirty = False
+        self._remember_own_xid(conn)
+
+    def _queue_tracking(self, pipeline: Pipeline, session: incremental.SessionSettings) -> None:
+        with self._lock:
+            for rel in incremental.relations(pipeline):
+                self._to_track.setdefault(rel, session)
+        self._ensure_background()
+
+    def _remember_conninfo(self, conn: psycopg.Connection[Any]) -> None:
+        """Connection parameters for the background thread's own connection."""
+        params: dict[str, Any] = dict(conn.info.get_parameters())
+        if conn.info.password:
+            params["password"] = conn.info.password
+        self._conninfo = params
+
+    def _ensure_background(self) -> None:
+        from sketches.background import Background
+
+        with self._lock:
+            if self._background is None and self._conninfo is not None:
+                self._background = Background(self, self._conninfo)
+                self._background.start()
+
+    def close(self) -> None:
+        """Stops the background thread (persisting what it can first)."""
+        with self._lock:
+            bg, self._background = self._background, None
+        if bg is not None:
+            bg.stop()
+
+    def set_strategy(self, sketch_id: int, strategy: str | None) -> bool:
+        """Per-sketch strategy (None: follow ``SketchSettings.strategy``)."""
+        value = None if strategy is None else incremental.check_strategy(strategy)
+        for tmpl, entry in self.entries():
+            if entry.sketch.id == sketch_id:
+                with tmpl.lock:
+                    entry.strategy = value
+                    if value == "recapture":
+                        entry.pipeline = None
+                if value == "eager":
+                    self._ensure_background()
+                return True
+        return False
+
+    def configure(self, name: str, value: str) -> None:
+        """``IMP SET <name> = <value>``: a SketchSettings field, process-wide (KeyError:
+        unknown name, ValueError: bad value). ``strategy`` also applies to every sketch without
+        a per-sketch strategy."""
+        fields = {f.name: f for f in dataclasses.fields(SketchSettings)}
+        if name not in fields:
+            raise KeyError(name)
+        current = getattr(self.settings, name)
+        raw = value.strip()
+        parsed: object
+        if isinstance(current, bool):
+            if raw.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"not a boolean: {value!r}")
+            parsed = raw.lower() in ("on", "true", "1", "yes")
+        elif isinstance(current, int):
+            parsed = int(raw)
+        elif isinstance(current, float):
+            parsed = float(raw)
+        else:
+            parsed = raw.lower()
+        self.settings = dataclasses.replace(self.settings, **{name: parsed})
+        if self.settings.strategy == "eager":
+            self._ensure_background()
+
+    def entries(self) -> list[tuple[_Template, _Entry]]:
+        """Every (template, entry) held, for the background thread."""
+        with self._lock:
+            return [(t, e) for t in self._templates.values() for e in t.entries]
+
+    def take_tracking(self) -> dict[str, incremental.SessionSettings]:
+        with self._lock:
+            out, self._to_track = self._to_track, {}
+        return out
 
     def _useful(self, sketch: Sketch) -> bool:
         """Would the sketch be used for instrumentation at all?"""
@@ -261,25 +496,56 @@ class SketchManager:
                             f"{p.partition.fragment_count}" for p in sketch.parts)
         return Prepared(decision, f"sketch {summary}", sketch.id, text)
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
-            self._stats[key] += 1
+            self._stats[key] += n
 
     # ---- capture ---------------------------------------------------------------------
 
     def _capture(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
-                 analysis: QueryAnalysis, safety: Safety) -> Sketch:
+                 analysis: QueryAnalysis, safety: Safety) -> _Entry:
+        """A new sketch: with incremental state when the tables are tracked in this snapshot,
+        else captured plainly (and the tables queued for tracking)."""
         targets = self._targets(conn, analysis, safety)
-        try:
-            result = capture(conn, sql, analysis, targets, params)
-        except CaptureError:
-            with self._lock:  # e.g. DDL changed a column: rebuild its partition next time
-                for t in targets:
-                    self._partitions.pop((t.schema, t.partition.table, t.column), None)
-            raise
-        sketch = Sketch(None, template, sql, params, result.parts, result.version,
-                        self.maintenance.name)
+        entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
+                       analysis=analysis, session=incremental.SessionSettings.read(conn))
+        pipeline = None
+        if not self._custom and self.settings.strategy != "recapture":
+            sketch_targets = [SketchTarget(t.table.index, t.column, t.partition)
+                              for t in targets]
+            try:
+                pipeline = incremental.compile_checked(conn, analysis, sketch_targets, params)
+            except NotMaintainable as exc:
+                entry.ivm_off = str(exc)
+                log.info("not maintained incrementally (%s): %s", exc, sql[:80])
+        started = time.perf_counter()
+        if pipeline is not None and incremental.tracked(conn, pipeline):
+            frags = pipeline.build_state(conn)
+            parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition, f, t.nullable)
+                          for t, f in zip(targets, frags, strict=True))
+            version = pipeline.version or ""
+            entry.pipeline = pipeline
+        else:
+            if pipeline is not None:
+                self._queue_tracking(pipeline, entry.session)
+            try:
+                result = capture(conn, sql, analysis, targets, params)
+            except CaptureError:
+                with self._lock:  # e.g. DDL changed a column: rebuild its partition next time
+                    for t in targets:
+                        self._partitions.pop((t.schema, t.partition.table, t.column), None)
+                raise
+            parts, version = result.parts, result.version
+        self._seconds["capture_seconds"] += time.perf_counter() - started
+        entry.sketch = self._store(conn, Sketch(None, template, sql, params, parts, version,
+                                                self.strategy_of(entry)))
+        if entry.pipeline is not None:
+            self._save_state(conn, entry)
+            self._ensure_background()  # eager batches, state persistence, GC
+        return entry
+
+    def _store(self, conn: psycopg.Connection[Any], sketch: Sketch) -> Sketch:
         if self.settings.persist:
             sketch = sketch.with_id(catalog.save_sketch(conn, sketch))
             self._remember_own_xid(conn)
@@ -358,15 +624,26 @@ class SketchManager:
                 SketchPart(by_alias[a], p.schema, c, p, f)
                 for a, c, p, f in zip(stored.aliases, stored.columns, stored.partitions,
                                       stored.fragments, strict=True))
-            sketch = Sketch(stored.id, template, stored.query, stored.params, parts,
-                            stored.version, stored.strategy)
-            tmpl.entries.append(_Entry(sketch, instance(stored.query, stored.params),
-                                       stored.captures, stored.maintenances, stored.uses))
+            entry = _Entry(Sketch(stored.id, template, stored.query, stored.params, parts,
+                                  stored.version, stored.strategy),
+                           instance(stored.query, stored.params), stored.captures,
+                           stored.maintenances, stored.uses, analysis=stored_analysis,
+                           session=incremental.SessionSettings.read(conn))
+            if stored.params is not None and not self._custom:
+                try:  # the catalog keeps parameters as text; the engine needs their values
+                    typed = incremental.typed_params(conn, stored.query, stored.params)
+                    entry.sketch = dataclasses.replace(entry.sketch, params=typed)
+                except NotMaintainable as exc:
+                    entry.ivm_off = str(exc)
+            tmpl.entries.append(entry)
 
     def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
         tmpl.entries.remove(entry)
+        entry.pipeline = None
         if self.settings.persist and entry.sketch.id is not None and entry.sketch.id > 0:
             catalog.invalidate(conn, entry.sketch.id)
+            if incremental.installed(conn):
+                ivm_state.delete(conn, str(entry.sketch.id))
             self._remember_own_xid(conn)
         self._count("invalidated")
 
@@ -411,7 +688,7 @@ class SketchManager:
                         "fragments": [p.partition.fragment_count for p in s.parts],
                         "selected_fragments": [len(p.fragments) for p in s.parts],
                         "coverage": round(max(p.coverage for p in s.parts), 4),
-                        "version": s.version, "strategy": s.strategy,
+                        "version": s.version, "strategy": self.strategy_of(e),
                         "captures": e.captures, "maintenances": e.maintenances,
                         "uses": e.uses, "last_used": last,
                     })
@@ -424,6 +701,11 @@ class SketchManager:
             out["sketches"] = sum(len(t.entries) for t in self._templates.values())
             out["classify_cache"] = len(self._classified)
             out["maintenance"] = self.maintenance.name
+            out["strategy"] = self.settings.strategy
+            for key in ("capture_seconds", "maintenance_seconds"):
+                out[key] = round(self._seconds[key], 4)
+            out["incremental_sketches"] = sum(
+                1 for t in self._templates.values() for e in t.entries if e.pipeline)
         return out
 
     def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
@@ -437,6 +719,8 @@ class SketchManager:
         if self.settings.persist:
             self._ensure_catalog(conn)
             found = catalog.delete_sketch(conn, sketch_id) or found
+            if incremental.installed(conn):
+                ivm_state.delete(conn, str(sketch_id))
         return found
 
     def drop_all(self, conn: psycopg.Connection[Any]) -> int:
@@ -448,4 +732,6 @@ class SketchManager:
         if self.settings.persist:
             self._ensure_catalog(conn)
             count = max(count, catalog.delete_all(conn))
+            if incremental.installed(conn):
+                conn.execute("DELETE FROM imp.ivm_state")
         return count

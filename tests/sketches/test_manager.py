@@ -58,7 +58,7 @@ def rows(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None) -> C
 
 
 def test_capture_then_use_then_recapture_after_a_write(svc: psycopg.Connection[Any]) -> None:
-    m = SketchManager(SketchSettings(fragments=100))
+    m = SketchManager(SketchSettings(fragments=100, strategy="recapture"))
     first = prepare(m, svc, HAVING, [120])
     assert first.decision == "capture" and first.instrumented_sql is not None
     assert rows(svc, first.instrumented_sql, [120]) == rows(svc, HAVING, [120])

@@ -1,0 +1,164 @@
+"""The manager's background thread (docs/MAINTENANCE.md): table tracking, eager maintenance,
+state persistence and audit-row garbage collection, on its own connection.
+
+Every round (``TICK`` seconds):
+
+1. tracks the tables queued by captures (``imp.track_table`` in its own short transaction; a
+   lock timeout puts the table back in the queue for the next round);
+2. eager sketches: a sketch is maintained when ``batch_interval`` seconds passed since its last
+   maintenance or at least ``batch_size`` delta rows are pending (the two trigger policies of
+   intermittent query processing) — in a REPEATABLE READ transaction of its own, under the
+   sketch's template lock, exactly as a query would (so versions only move forward);
+3. every ``state_interval`` seconds: persists every state changed since it was last saved, then
+   deletes the audit rows every live state covers (``sketches.incremental.collect_garbage``).
+
+A template whose lock is busy (a query is preparing) is skipped for the round. Errors are
+logged; the thread keeps running (a broken pipeline is rebuilt by the next query).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from sketches import deltas, incremental
+from sketches.ivm.errors import IvmError
+
+if TYPE_CHECKING:
+    from sketches.manager import SketchManager, _Entry, _Template
+
+log = logging.getLogger(__name__)
+
+TICK = 0.25
+LOCK_WAIT = 0.05
+
+
+class Background(threading.Thread):
+    def __init__(self, manager: SketchManager, conninfo: dict[str, Any]) -> None:
+        super().__init__(name="imp-maintenance", daemon=True)
+        self.manager = manager
+        self.conninfo = conninfo
+        self._stopping = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._last_state = time.monotonic()
+        self.rounds = 0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self.join(timeout)
+
+    def run(self) -> None:
+        failures = 0
+        while not self._stopping.wait(TICK * (1 + min(failures, 40))):
+            try:
+                self.round()
+                failures = 0
+            except psycopg.Error as exc:
+                failures += 1
+                log.warning("background maintenance round failed (%d in a row): %s",
+                            failures, exc)
+                self._drop_connection()
+            except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+                log.exception("background maintenance round failed")
+                self._drop_connection()
+        try:
+            self.persist_and_collect()
+        except Exception as exc:  # noqa: BLE001 - shutting down: log and leave
+            log.warning("final state persistence failed: %s", exc)
+        self._drop_connection()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(**self.conninfo, autocommit=True,
+                                         application_name="imp-maintenance")
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def round(self) -> None:
+        self.rounds += 1
+        self.track()
+        m = self.manager
+        for tmpl, entry in m.entries():
+            if entry.pipeline is not None and m.strategy_of(entry) == "eager":
+                self.maybe_maintain(tmpl, entry)
+        if time.monotonic() - self._last_state >= m.settings.state_interval:
+            self.persist_and_collect()
+
+    def track(self) -> None:
+        queued = self.manager.take_tracking()
+        if not queued:
+            return
+        conn = self._connection()
+        for rel, session in queued.items():
+            try:
+                incremental.track(conn, [rel], session)
+            except psycopg.Error as exc:  # e.g. lock_timeout behind a long writer: retry
+                log.info("tracking %s postponed: %s", rel, exc)
+                with self.manager._lock:
+                    self.manager._to_track.setdefault(rel, session)
+
+    def maybe_maintain(self, tmpl: _Template, entry: _Entry) -> None:
+        m = self.manager
+        due = time.monotonic() - entry.last_maintained >= m.settings.batch_interval
+        if not tmpl.lock.acquire(timeout=LOCK_WAIT):
+            return
+        try:
+            pipeline = entry.pipeline
+            if pipeline is None or entry not in tmpl.entries:
+                return
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                assert entry.session is not None
+                entry.session.apply(conn)
+                started = time.perf_counter()
+                try:
+                    if not due and pipeline.pending(conn) < m.settings.batch_size:
+                        return
+                    pipeline.maintain(conn)
+                except (IvmError, deltas.DeltaError) as exc:
+                    # VersionAhead cannot happen (this snapshot is newer); anything else
+                    # leaves the sketch to the next query, which recaptures
+                    log.info("eager maintenance of sketch %s failed: %s", entry.sketch.id, exc)
+                    entry.pipeline = None
+                    return
+                m._note_maintenance(entry, time.perf_counter() - started)
+                entry.last_maintained = time.monotonic()
+                m._count("eager_maintenances")
+        finally:
+            tmpl.lock.release()
+
+    def persist_and_collect(self) -> None:
+        """Saves every changed state, then collects audit rows covered by every live state."""
+        self._last_state = time.monotonic()
+        m = self.manager
+        conn = self._connection()
+        if not incremental.installed(conn):
+            return
+        # the horizon first: a state built in a snapshot whose transaction ends before it is
+        # read is already held by an entry (collected next) or persisted (seen by the GC)
+        low = incremental.horizon(conn)
+        live: dict[int, list[str]] = {}
+        for tmpl, entry in m.entries():
+            with tmpl.lock:
+                pipeline = entry.pipeline
+                if pipeline is None or pipeline.version is None or pipeline.broken:
+                    continue
+                if entry.dirty and m.settings.persist:
+                    with conn.transaction():
+                        m._save_state(conn, entry)
+                for rel in pipeline.relids:
+                    live.setdefault(rel, []).append(pipeline.version)
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            deleted = incremental.collect_garbage(conn, live, low)
+        if deleted:
+            m._count("gc_rows", deleted)

@@ -1,0 +1,219 @@
+"""Incremental maintenance (IMP) of the manager's sketches: the glue between
+:mod:`sketches.manager` and the engine in :mod:`sketches.ivm` (docs/MAINTENANCE.md).
+
+* :func:`compile_checked` — the pipeline of a query, refusing what the engine would maintain
+  inexactly (``sum``/``avg`` over ``real``/``double precision``: a running float sum drifts from
+  the sum PostgreSQL computes, and a drifted sum next to a HAVING threshold could drop a group).
+* :func:`tracked` — are all of a pipeline's tables tracked *in the current snapshot*? Only then
+  may state be built in it: the tracking transaction committed before the snapshot was taken,
+  so every write the snapshot does not see fired the audit triggers (CREATE TRIGGER waits for
+  the table's running writers).
+* :func:`track` — ``imp.track_table`` in its own short transaction on a side connection (never
+  in the client's snapshot, which must not see it: see the manager's docstring).
+* :func:`collect_garbage` — ``imp.gc_deltas`` with a bound every live state already covers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+import pg_extensions
+from sketches import catalog, freshness
+from sketches.deltas import Snapshot
+from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.pipeline import Pipeline
+from sketches.ivm.plan import SketchTarget, compile
+from sketches.sql import QueryAnalysis
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[Any]
+
+STRATEGIES = ("lazy", "eager", "recapture")
+FLOAT_OIDS = frozenset({700, 701})  # real, double precision
+_SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits")
+_XID32 = 1 << 32
+
+
+def check_strategy(name: str) -> str:
+    value = name.strip().lower()
+    if value not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """Settings that change how a query's expressions evaluate, as the client had them; the
+    background maintenance re-applies them in its own transaction."""
+
+    values: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def read(cls, conn: Conn) -> SessionSettings:
+        row = conn.execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+            sql.SQL("current_setting({})").format(sql.Literal(n)) for n in _SETTINGS))
+        ).fetchone()
+        assert row is not None
+        return cls(tuple(zip(_SETTINGS, (str(v) for v in row), strict=True)))
+
+    def apply(self, conn: Conn) -> None:
+        """``SET LOCAL`` of every value (inside the caller's transaction)."""
+        for name, value in self.values:
+            conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+
+
+def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[SketchTarget],
+                    params: Sequence[object] | None) -> Pipeline:
+    """The pipeline maintaining ``analysis`` on ``targets``; raises :class:`NotMaintainable`
+    for what the engine refuses and for float ``sum``/``avg`` arguments."""
+    pipeline = compile(analysis, targets, params)
+    spec = pipeline.spec
+    args = [a for f, a in zip(spec.aggs, spec.agg_sql, strict=True)
+            if f.func in ("sum", "avg") and a is not None]
+    if args:
+        from_items = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
+            for t in spec.tables)
+        query = sql.SQL("SELECT {} FROM {} LIMIT 0").format(
+            sql.SQL(", ").join(sql.SQL(a) for a in args), from_items)
+        with conn.cursor() as cur:
+            cur.execute(query)
+            oids = [d.type_code for d in cur.description or ()]
+        if any(o in FLOAT_OIDS for o in oids):
+            raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
+                                  "float sum can drift from PostgreSQL's")
+    return pipeline
+
+
+def typed_params(conn: Conn, query: str,
+                 params: Sequence[object | None]) -> tuple[object, ...]:
+    """``params`` stored as text (the catalog) converted back to values of the types
+    PostgreSQL infers for ``query``'s ``$n``: the engine evaluates HAVING / ORDER BY constants
+    in Python, where ``'300'`` is not ``300``. Raises :class:`NotMaintainable` if it cannot."""
+    name = sql.Identifier("imp_param_types")
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("PREPARE {} AS {}").format(name, sql.SQL(query)))
+            row = conn.execute("SELECT parameter_types::text[] FROM pg_prepared_statements"
+                               " WHERE name = 'imp_param_types'").fetchone()
+            conn.execute(sql.SQL("DEALLOCATE {}").format(name))
+            types = list(row[0]) if row else []
+            if len(types) != len(params):
+                raise NotMaintainable("stored parameters do not match the query")
+            out: list[object] = []
+            for t, v in zip(types, params, strict=True):
+                if v is None:
+                    out.append(None)
+                    continue
+                got = conn.execute(sql.SQL("SELECT %s::{}").format(sql.SQL(t)),
+                                   (str(v),)).fetchone()
+                out.append(got[0] if got else None)
+    except psycopg.Error as exc:
+        raise NotMaintainable(f"stored parameters cannot be typed: {exc}") from exc
+    return tuple(out)
+
+
+def installed(conn: Conn) -> bool:
+    row = conn.execute("SELECT to_regclass('imp.tracked_tables') IS NOT NULL"
+                       " AND to_regclass('imp.ivm_state') IS NOT NULL"
+                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+def relations(pipeline: Pipeline) -> list[str]:
+    return [t.relation for t in pipeline.spec.tables]
+
+
+def tracked(conn: Conn, pipeline: Pipeline) -> bool:
+    """True when every table of ``pipeline`` is tracked in conn's current snapshot."""
+    if not installed(conn):
+        return False
+    rels = relations(pipeline)
+    row = conn.execute(
+        "SELECT count(DISTINCT t.relid) FROM unnest(%s::text[]) AS r(name)"
+        " JOIN imp.tracked_tables t ON t.relid = to_regclass(r.name)::oid",
+        (rels,)).fetchone()
+    return row is not None and int(row[0]) == len(set(rels))
+
+
+def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
+          lock_timeout: str = "2s") -> None:
+    """Tracks ``rels`` in one short transaction on ``conn`` (autocommit, a side connection),
+    installing schema imp first if needed. The transaction is recorded as the manager's own:
+    it creates triggers and audit tables, never changes user data. ``lock_timeout`` bounds how
+    long CREATE TRIGGER may queue behind the table's writers (and hold new writers back)."""
+    if not installed(conn):
+        pg_extensions.install(conn)
+    with conn.transaction():
+        settings.apply(conn)
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
+        for rel in rels:
+            conn.execute("SELECT imp.track_table(to_regclass(%s))", (rel,))
+        catalog.record_own_xid(conn, freshness.current_xid(conn))
+    log.info("tracking %s", ", ".join(rels))
+
+
+def meet(snapshots: Sequence[Snapshot]) -> Snapshot:
+    """The snapshot in which exactly the xids visible in *every* one of ``snapshots`` are
+    visible (xmin and xmax the smallest, xip every listed xid below that xmax)."""
+    xmin = min(s.xmin for s in snapshots)
+    xmax = min(s.xmax for s in snapshots)
+    xip = frozenset(x for s in snapshots for x in s.xip if xmin <= x < xmax)
+    return Snapshot(xmin, xmax, xip)
+
+
+def text(s: Snapshot) -> str:
+    return f"{s.xmin}:{s.xmax}:{','.join(str(x) for x in sorted(s.xip))}"
+
+
+def horizon(conn: Conn) -> int:
+    """An xid below which every transaction is visible to every snapshot that is open now or
+    taken later: the oldest running xid and every backend's snapshot xmin (``backend_xmin`` is a
+    32-bit xid: widened against the current full xid). Run it *before* the GC transaction takes
+    its snapshot, so a state built in a snapshot that GC cannot yet see is protected by it."""
+    row = conn.execute(
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,"
+        " (SELECT array_agg(x::text::bigint) FROM (SELECT backend_xmin AS x FROM"
+        "  pg_stat_activity WHERE backend_xmin IS NOT NULL UNION ALL SELECT backend_xid FROM"
+        "  pg_stat_activity WHERE backend_xid IS NOT NULL) AS a)").fetchone()
+    assert row is not None
+    full = int(row[0])
+    low = full
+    for x32 in row[1] or ():
+        low = min(low, full - ((full % _XID32 - int(x32)) % _XID32))
+    return low
+
+
+def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> int:
+    """Deletes audit rows covered by every live state: per tracked table, the meet of the
+    versions of the states in memory (``live``: relid → versions) and persisted in
+    ``imp.ivm_state`` (read here, so states persisted by any manager count) and of ``low``
+    (:func:`horizon`, protecting states being built in snapshots still open). ``conn`` must be
+    in a transaction that began after ``low`` was read. Returns the rows deleted."""
+    rows = conn.execute(
+        "SELECT rel::bigint, s.version::text FROM imp.ivm_state s,"
+        " LATERAL jsonb_object_keys(s.epochs) AS rel").fetchall()
+    versions: dict[int, list[Snapshot]] = {}
+    for rel, version in rows:
+        versions.setdefault(int(rel), []).append(Snapshot.parse(str(version)))
+    for rel, vs in live.items():
+        versions.setdefault(rel, []).extend(Snapshot.parse(v) for v in vs)
+    tables = conn.execute("SELECT relid::bigint FROM imp.tracked_tables").fetchall()
+    floor = Snapshot(low, low, frozenset())
+    deleted = 0
+    for (rel,) in tables:
+        bound = meet([*versions.get(int(rel), []), floor])
+        row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
+                           (int(rel), text(bound))).fetchone()
+        deleted += int(row[0]) if row and row[0] else 0
+    if deleted:
+        catalog.record_own_xid(conn, freshness.current_xid(conn))
+    log.debug("gc: %d audit rows deleted", deleted)
+    return deleted

@@ -1,0 +1,409 @@
+"""SketchManager with incremental maintenance (lazy and eager) against the real PostgreSQL.
+
+Oracle (DESIGN §8): after every step, in one REPEATABLE READ snapshot, (a) the manager's
+sketch ⊇ the sketch captured from scratch (``sketches.capture``, same partitions) and (b) the
+instrumented query returns exactly what the original returns. Writers are separate, direct
+connections, some in transactions still open (or rolled back) while the manager prepares.
+``captures`` staying at 1 while ``maintenances`` grows proves the maintenance incremental.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+import pg_extensions
+from sketches import lookup
+from sketches.capture import CaptureTarget, capture
+from sketches.manager import Prepared, SketchManager, SketchSettings
+from sketches.sql import analyse
+
+Conn = psycopg.Connection[Any]
+
+TABLES = {
+    "f": "id int PRIMARY KEY, g int, v int, w numeric",
+    "r": "id int PRIMARY KEY, g int, a int",
+    "s": "id int PRIMARY KEY, rid int, b int",
+    "u": "id int PRIMARY KEY, sid int, c int",
+}
+QUERIES: tuple[tuple[str, tuple[object, ...] | None], ...] = (
+    ("SELECT g, count(*), sum(v), min(v), max(w) FROM f GROUP BY g"
+     " HAVING sum(v) > $1 OR max(w) >= 95 OR min(v) <= 2", (150,)),
+    ("SELECT g, sum(v) AS s, count(*) FROM f GROUP BY g ORDER BY s DESC NULLS LAST, g LIMIT 3",
+     None),
+    ("SELECT r.g, count(*) AS n FROM r, s WHERE r.id = s.rid GROUP BY r.g"
+     " HAVING count(*) > 4", None),
+    ("SELECT r.g, sum(u.c) AS t FROM r, s, u WHERE r.id = s.rid AND s.id = u.sid"
+     " GROUP BY r.g HAVING sum(u.c) > 40", None),
+    ("SELECT r.g, max(s.b) AS m FROM r, s WHERE r.id = s.rid GROUP BY r.g"
+     " ORDER BY m DESC, r.g LIMIT 2", None),
+)
+
+
+def reset(conn: Conn) -> None:
+    """Fresh rows (as deltas of tracked tables, so no TRUNCATE / epoch change)."""
+    with conn.transaction():
+        for t in TABLES:
+            conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
+        conn.execute("INSERT INTO f SELECT i, i % 20, (i * 7) % 50, (i * 13) % 97"
+                     " FROM generate_series(1, 400) i")
+        conn.execute("INSERT INTO r SELECT i, i % 15, i FROM generate_series(1, 90) i")
+        conn.execute("INSERT INTO s SELECT i, 1 + (i * 7) % 90, i % 11"
+                     " FROM generate_series(1, 200) i")
+        conn.execute("INSERT INTO u SELECT i, 1 + (i * 3) % 200, i % 7"
+                     " FROM generate_series(1, 300) i")
+        conn.execute("INSERT INTO f VALUES (100000, NULL, 3, NULL)")
+
+
+@pytest.fixture(scope="module")
+def db(db_dsn: str) -> Iterator[str]:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        pg_extensions.install(c)
+        for t, cols in TABLES.items():
+            c.execute(f"CREATE TABLE {t} ({cols}) WITH (autovacuum_enabled = false)")
+        reset(c)
+        for t in TABLES:
+            c.execute(f"ANALYZE {t}")
+            c.execute("SELECT imp.track_table(%s::regclass)", (t,))
+    yield db_dsn
+
+
+@pytest.fixture
+def conn(db: str) -> Iterator[Conn]:
+    with psycopg.connect(db, autocommit=True) as c:
+        yield c
+
+
+def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | None,
+          expect_version: bool = True) -> Prepared:
+    """prepare + the oracle, all in one REPEATABLE READ snapshot."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        p = m.prepare(conn, sql, list(params) if params is not None else None)
+        with psycopg.RawCursor(conn) as cur:
+            original = Counter(cur.execute(sql, params).fetchall())
+            if p.instrumented_sql is not None:
+                assert Counter(cur.execute(p.instrumented_sql, params).fetchall()) == original
+        if p.sketch_id is not None:
+            sketch = m.get(p.sketch_id)
+            assert sketch is not None
+            if expect_version and p.decision == "use":
+                row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+                assert row is not None and sketch.version == row[0]
+            analysis = analyse(sketch.query, lookup.resolver(conn))
+            by_alias = {t.alias: t for t in analysis.tables}
+            targets = [CaptureTarget(by_alias[x.table.alias], x.schema, x.column, x.partition,
+                                     x.nullable) for x in sketch.parts]
+            exact = capture(conn, sketch.query, analysis, targets, sketch.params)
+            for kept, fresh in zip(sketch.parts, exact.parts, strict=True):
+                assert kept.fragments >= fresh.fragments, (sql, kept.fragments, fresh.fragments)
+        return p
+    finally:
+        conn.execute("COMMIT")
+
+
+def entry_of(m: SketchManager, sketch_id: int | None) -> dict[str, object]:
+    rows = [r for r in m.sketches() if r["sketch_id"] == sketch_id]
+    assert len(rows) == 1
+    return rows[0]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# ---- deterministic tests ---------------------------------------------------------------
+
+
+def test_lazy_maintains_instead_of_recapturing(conn: Conn) -> None:
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    try:
+        sql, params = QUERIES[0]
+        first = check(m, conn, sql, params)
+        assert first.decision == "capture"
+        row = entry_of(m, first.sketch_id)
+        assert row["strategy"] == "lazy" and row["captures"] == 1
+        conn.execute("INSERT INTO f VALUES (500001, 3, 49, 96)")  # group 3 now qualifies
+        conn.execute("UPDATE f SET g = 7 WHERE id = 11")           # a row moves group
+        conn.execute("DELETE FROM f WHERE g = 5")                  # a group empties
+        second = check(m, conn, sql, params)
+        assert second.decision == "use" and second.sketch_id == first.sketch_id
+        row = entry_of(m, first.sketch_id)
+        assert row["captures"] == 1 and row["maintenances"] == 1
+        assert m.stats()["maintenances"] == 1
+    finally:
+        m.close()
+        reset(conn)
+
+
+def test_untracked_tables_are_tracked_in_the_background_then_state_is_built(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("CREATE TABLE nt (id int, g int, v int)")
+        c.execute("INSERT INTO nt SELECT i, i % 30, i % 9 FROM generate_series(1, 600) i")
+        c.execute("ANALYZE nt")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            q = "SELECT g, sum(v) FROM nt GROUP BY g HAVING sum(v) > 90"
+            p = check(m, c, q, None)
+            assert p.decision == "capture"  # plain capture: nt was not tracked in the snapshot
+            wait_for(lambda: c.execute("SELECT count(*) FROM imp.tracked_tables"
+                                       " WHERE relid = 'nt'::regclass").fetchone() == (1,))
+            c.execute("INSERT INTO nt VALUES (9999, 4, 100)")
+            check(m, c, q, None)  # builds the state in a snapshot that sees the tracking
+            assert entry_of(m, None if p.sketch_id is None else m.sketches()[0]["sketch_id"])
+            assert m.stats()["state_builds"] == 1
+            c.execute("INSERT INTO nt VALUES (10000, 5, 100)")
+            again = check(m, c, q, None)
+            assert again.decision == "use"
+            row = entry_of(m, again.sketch_id)
+            assert row["maintenances"] == 1 and row["strategy"] == "lazy"
+        finally:
+            m.close()
+
+
+def test_float_sum_is_not_maintained_incrementally(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("CREATE TABLE fl (g int, x float8)")
+        c.execute("INSERT INTO fl SELECT i % 10, i * 0.1 FROM generate_series(1, 300) i")
+        c.execute("ANALYZE fl")
+        c.execute("SELECT imp.track_table('fl'::regclass)")
+        m = SketchManager(SketchSettings(fragments=5))
+        try:
+            q = "SELECT g, sum(x) FROM fl GROUP BY g HAVING sum(x) > 460.5"
+            p = check(m, c, q, None)
+            assert p.decision == "capture"
+            assert entry_of(m, p.sketch_id)["strategy"] == "recapture"
+            c.execute("INSERT INTO fl VALUES (3, 0.1)")
+            assert check(m, c, q, None).decision == "capture"  # recaptured, not maintained
+        finally:
+            m.close()
+
+
+def test_truncate_invalidates_and_recaptures(conn: Conn) -> None:
+    conn.execute("CREATE TABLE tt (g int, v int)")
+    conn.execute("INSERT INTO tt SELECT i % 10, i FROM generate_series(1, 500) i")
+    conn.execute("ANALYZE tt")
+    conn.execute("SELECT imp.track_table('tt'::regclass)")
+    m = SketchManager(SketchSettings(fragments=5))
+    try:
+        q = "SELECT g, count(*) FROM tt GROUP BY g HAVING max(v) > 495"
+        p = check(m, conn, q, None)
+        conn.execute("TRUNCATE tt")
+        conn.execute("INSERT INTO tt VALUES (1, 1000), (2, 5)")
+        again = check(m, conn, q, None)
+        assert again.decision == "capture" and m.stats()["ivm_failures"] == 1
+        assert again.sketch_id != p.sketch_id
+    finally:
+        m.close()
+
+
+def test_snapshot_older_than_the_state_passes_through(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as old, \
+            psycopg.connect(db, autocommit=True) as new:
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            sql, params = QUERIES[0]
+            check(m, new, sql, params)
+            old.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            old.execute("SELECT 1")  # takes the old snapshot
+            new.execute("INSERT INTO f VALUES (500002, 4, 10, 1)")
+            check(m, new, sql, params)  # the state moves past the old snapshot
+            p = m.prepare(old, sql, list(params or ()))
+            assert p.decision == "passthrough" and "newer" in p.reason
+            old.execute("COMMIT")
+        finally:
+            m.close()
+            new.execute("DELETE FROM f WHERE id = 500002")
+
+
+def test_eager_maintains_in_the_background_and_collects_audit_rows(conn: Conn) -> None:
+    m = SketchManager(SketchSettings(fragments=10, strategy="eager", batch_size=5,
+                                     batch_interval=60.0, state_interval=0.3))
+    try:
+        sql, params = QUERIES[2]
+        p = check(m, conn, sql, params)
+        oid = conn.execute("SELECT 'r'::regclass::oid::int").fetchone()
+        assert oid is not None
+        audit = f"imp.delta_{oid[0]}"
+        for i in range(6):  # ≥ batch_size delta rows: the batch-size trigger fires
+            conn.execute("INSERT INTO r VALUES (%s, %s, 0)", (600000 + i, i))
+        wait_for(lambda: m.stats().get("eager_maintenances", 0) >= 1)
+        row = entry_of(m, p.sketch_id)
+        assert row["strategy"] == "eager" and row["maintenances"] >= 1
+        # the state was persisted and every audit row it covers collected
+        wait_for(lambda: conn.execute(f"SELECT count(*) FROM {audit}").fetchone() == (0,))
+        assert check(m, conn, sql, params).decision == "use"
+        assert entry_of(m, p.sketch_id)["captures"] == 1
+    finally:
+        m.close()
+        conn.execute("DELETE FROM r WHERE id >= 600000")
+
+
+def test_time_trigger_and_configure(conn: Conn) -> None:
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy", batch_size=10_000))
+    try:
+        sql, params = QUERIES[1]
+        p = check(m, conn, sql, params)
+        with pytest.raises(KeyError):
+            m.configure("no_such_setting", "1")
+        with pytest.raises(ValueError):
+            m.configure("strategy", "sometimes")
+        m.configure("batch_interval", "0.2")
+        m.configure("strategy", "eager")
+        assert entry_of(m, p.sketch_id)["strategy"] == "eager"
+        conn.execute("UPDATE f SET v = v + 100 WHERE id = 17")  # 2 rows < batch_size
+        wait_for(lambda: m.stats().get("eager_maintenances", 0) >= 1)
+        assert m.set_strategy(p.sketch_id or 0, "recapture")
+        assert entry_of(m, p.sketch_id)["strategy"] == "recapture"
+    finally:
+        m.close()
+        reset(conn)
+
+
+# ---- random update sequences -----------------------------------------------------------
+
+
+class UpdateSequences(RuleBasedStateMachine):
+    """Random writes on f, r, s, u; after every step every query is checked."""
+
+    strategy = "lazy"
+    dsn = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.writer = psycopg.connect(self.dsn, autocommit=True)
+        self.open_txn: psycopg.Connection[Any] | None = None
+        self.next_id = 700000
+        self.m = self._manager()
+        self.ids: dict[str, int] = {}
+
+    def _manager(self) -> SketchManager:
+        return SketchManager(SketchSettings(fragments=8, strategy=self.strategy, batch_size=3,
+                                            batch_interval=0.2, state_interval=0.5))
+
+    @initialize()
+    def start(self) -> None:
+        reset(self.conn)
+        self.m.drop_all(self.conn)
+        for sql, params in QUERIES:
+            check(self.m, self.conn, sql, params)
+        self.ids = {r["template"]: r["sketch_id"] for r in self.m.sketches()}  # type: ignore[misc]
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    @rule(g=st.one_of(st.none(), st.integers(0, 22)), v=st.integers(0, 60),
+          w=st.one_of(st.none(), st.integers(0, 100)))
+    def insert_f(self, g: int | None, v: int, w: int | None) -> None:
+        self.writer.execute("INSERT INTO f VALUES (%s, %s, %s, %s)", (self._new_id(), g, v, w))
+
+    @rule(g=st.integers(0, 22), to=st.one_of(st.none(), st.integers(0, 22)))
+    def move_rows(self, g: int, to: int | None) -> None:
+        self.writer.execute("UPDATE f SET g = %s WHERE id IN (SELECT id FROM f WHERE g = %s"
+                            " ORDER BY id LIMIT 3)", (to, g))
+
+    @rule(g=st.integers(0, 22))
+    def empty_group(self, g: int) -> None:
+        self.writer.execute("DELETE FROM f WHERE g = %s", (g,))
+
+    @rule()
+    def remove_extremes(self) -> None:
+        self.writer.execute("DELETE FROM f WHERE w = (SELECT max(w) FROM f)"
+                            " OR v = (SELECT min(v) FROM f)")
+        self.writer.execute("DELETE FROM s WHERE b = (SELECT max(b) FROM s)")
+
+    @rule()
+    def remove_top_group(self) -> None:
+        self.writer.execute("DELETE FROM f WHERE g = (SELECT g FROM f GROUP BY g"
+                            " ORDER BY sum(v) DESC NULLS LAST LIMIT 1)")
+
+    @rule(rid=st.integers(1, 95), b=st.integers(0, 12))
+    def insert_s(self, rid: int, b: int) -> None:
+        sid = self._new_id()
+        self.writer.execute("INSERT INTO s VALUES (%s, %s, %s)", (sid, rid, b))
+        self.writer.execute("INSERT INTO u VALUES (%s, %s, 9)", (self._new_id(), sid))
+
+    @rule(g=st.integers(0, 16), k=st.integers(1, 20))
+    def update_r(self, g: int, k: int) -> None:
+        self.writer.execute("UPDATE r SET g = %s WHERE id %% 20 = %s", (g, k))
+
+    @rule(c=st.integers(-5, 30))
+    def update_u(self, c: int) -> None:
+        self.writer.execute("UPDATE u SET c = %s WHERE id IN (SELECT id FROM u ORDER BY c DESC"
+                            " LIMIT 2)", (c,))
+
+    @rule(commit=st.booleans(), g=st.integers(0, 22))
+    def concurrent_transaction(self, commit: bool, g: int) -> None:
+        """A transaction left open across the next checks, then committed or rolled back."""
+        if self.open_txn is None:
+            t = psycopg.connect(self.dsn)
+            t.execute("INSERT INTO f VALUES (%s, %s, 49, 99)", (self._new_id(), g))
+            t.execute("DELETE FROM s WHERE id IN (SELECT id FROM s ORDER BY id LIMIT 2)")
+            self.open_txn = t
+            self.pending_commit = commit
+            return
+        t, self.open_txn = self.open_txn, None
+        if self.pending_commit:
+            t.commit()
+        else:
+            t.rollback()
+        t.close()
+
+    @rule()
+    def restart(self) -> None:
+        """A new manager: sketches and states reloaded from schema imp."""
+        self.m.close()
+        self.m = self._manager()
+
+    @invariant()
+    def exact(self) -> None:
+        if not self.ids:
+            return
+        for sql, params in QUERIES:
+            p = check(self.m, self.conn, sql, params)
+            assert p.decision in ("use", "capture", "passthrough")
+
+    def teardown(self) -> None:
+        try:
+            if self.open_txn is not None:
+                self.open_txn.rollback()
+                self.open_txn.close()
+            rows = self.m.sketches()
+            assert all(r["captures"] == 1 for r in rows), rows  # no recapture: no invalidation
+            total = sum(int(r["maintenances"]) for r in rows)  # type: ignore[call-overload]
+            self.maintained.append(total)
+        finally:
+            self.m.close()
+            self.conn.close()
+            self.writer.close()
+
+    maintained: list[int] = []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lazy", "eager"])
+def test_random_update_sequences(db: str, strategy: str) -> None:
+    class Machine(UpdateSequences):
+        pass
+
+    Machine.strategy = strategy
+    Machine.dsn = db
+    Machine.maintained = []
+    Machine.TestCase.settings = settings(
+        max_examples=4, stateful_step_count=8, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    Machine.TestCase().runTest()
+    assert sum(Machine.maintained) > 0
