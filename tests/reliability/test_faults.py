@@ -116,6 +116,7 @@ def _wait_active(dsn: str, app: str) -> bool:
              "AND state = 'active'", (app,))) == 1)
 
 
+@pytest.mark.slow
 def test_upstream_restart_mid_session(own_pg: LocalPostgres, launch: LaunchProxy) -> None:
     direct = own_pg.dsn()
     _load_table(direct)
@@ -169,6 +170,7 @@ def _explain(dsn: str, query: str) -> dict[str, str | None]:
         return {str(k): v for k, v in c.execute(("IMP EXPLAIN " + query).encode()).fetchall()}
 
 
+@pytest.mark.slow
 def test_proxy_sigkill_and_restart(own_pg: LocalPostgres, launch: LaunchProxy) -> None:
     direct = own_pg.dsn()
     _load_table(direct)
@@ -256,6 +258,7 @@ def relay_db(db_dsn: str) -> str:
     return db_dsn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["result", "copy-in", "copy-out"])
 def test_client_killed_mid_stream(sketch_proxy: ProxyProcess, relay_db: str, admin_dsn: str,
                                   mode: str) -> None:

@@ -323,6 +323,7 @@ def inject_db(fresh_db: Any) -> str:
     return str(fresh_db())
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(table=_NAMES, gcol=_NAMES, vcol=_NAMES, literal=_LITERALS,
