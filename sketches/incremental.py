@@ -180,14 +180,14 @@ def horizon(conn: Conn) -> int:
     its snapshot, so a state built in a snapshot that GC cannot yet see is protected by it."""
     row = conn.execute(
         "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,"
+        " pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
         " (SELECT array_agg(x::text::bigint) FROM (SELECT backend_xmin AS x FROM"
         "  pg_stat_activity WHERE backend_xmin IS NOT NULL UNION ALL SELECT backend_xid FROM"
         "  pg_stat_activity WHERE backend_xid IS NOT NULL) AS a)").fetchone()
     assert row is not None
-    full = int(row[0])
-    low = full
-    for x32 in row[1] or ():
-        low = min(low, full - ((full % _XID32 - int(x32)) % _XID32))
+    low, ref = int(row[0]), int(row[1])  # ref: above every assigned xid
+    for x32 in row[2] or ():
+        low = min(low, ref - ((ref % _XID32 - int(x32)) % _XID32))
     return low
 
 
@@ -197,6 +197,11 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     ``imp.ivm_state`` (read here, so states persisted by any manager count) and of ``low``
     (:func:`horizon`, protecting states being built in snapshots still open). ``conn`` must be
     in a transaction that began after ``low`` was read. Returns the rows deleted."""
+    # states whose sketch is gone (a capture rolled back after saving, a drop elsewhere)
+    # would hold the bound back for ever
+    orphans = conn.execute(
+        "DELETE FROM imp.ivm_state s WHERE s.sketch_key ~ '^[0-9]+$' AND NOT EXISTS"
+        " (SELECT 1 FROM imp.sketches k WHERE k.id = s.sketch_key::bigint AND k.valid)").rowcount
     rows = conn.execute(
         "SELECT rel::bigint, s.version::text FROM imp.ivm_state s,"
         " LATERAL jsonb_object_keys(s.epochs) AS rel").fetchall()
@@ -213,7 +218,7 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
         deleted += int(row[0]) if row and row[0] else 0
-    if deleted:
+    if deleted or orphans:
         catalog.record_own_xid(conn, freshness.current_xid(conn))
     log.debug("gc: %d audit rows deleted", deleted)
     return deleted
