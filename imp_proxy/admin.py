@@ -10,6 +10,9 @@ Grammar (case-insensitive, optional trailing ``;``)::
     IMP SET <setting> { = | TO } <value>        -- enabled: this session only; any other
                                                 -- setting goes to the library's optional
                                                 -- configure(name, value) (process-wide)
+    IMP SET STRATEGY { = | TO } <strategy> FOR SKETCH <id>
+                                                -- one sketch of the session's database
+                                                -- (lazy | eager | recapture | default)
 
 This module parses the statement and encodes results; the session runs the commands (they
 need its router, database and snapshot).
@@ -45,6 +48,7 @@ class AdminError(Exception):
 @dataclass(frozen=True, slots=True)
 class AdminCommand:
     kind: str                  # show_sketches | show_stats | explain | drop | drop_all | set
+                               # | set_strategy (argument: sketch id, value: strategy)
     argument: str | None = None
     value: str | None = None
 
@@ -76,6 +80,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"explain\s+(?P<arg>.+)", re.I | re.S), "explain"),
     (re.compile(r"drop\s+all\s+sketches", re.I), "drop_all"),
     (re.compile(r"drop\s+sketch\s+(?P<arg>\S+)", re.I), "drop"),
+    (re.compile(r"set\s+strategy\s*(?:=|\s+to\s+)\s*(?P<value>\S+)\s+for\s+sketch\s+"
+                r"(?P<arg>\S+)", re.I), "set_strategy"),
     (re.compile(r"set\s+(?P<arg>[a-z_][a-z0-9_]*)\s*(?:=|\s+to\s+)\s*(?P<value>\S+)", re.I),
      "set"),
 )
@@ -96,9 +102,12 @@ def parse_admin(sql: str) -> AdminCommand:
             continue
         arg = pm.groupdict().get("arg")
         value = pm.groupdict().get("value")
-        if kind == "drop":
+        if kind in ("drop", "set_strategy"):
             if arg is None or not arg.isdigit():
                 raise AdminError("22P02", f"invalid sketch id: {arg!r}")
+        if kind == "set_strategy":
+            assert value is not None
+            value = value.strip("'\"").lower()
         if kind == "set":
             assert arg is not None and value is not None
             arg = arg.lower()

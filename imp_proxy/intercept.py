@@ -397,6 +397,10 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
             else:
                 await router.configure(cmd.argument, cmd.value)
             return admin.AdminResult(None, (), "IMP SET")
+        if cmd.kind == "set_strategy":
+            assert cmd.argument is not None and cmd.value is not None
+            await router.set_strategy(s.dbname, int(cmd.argument), cmd.value)
+            return admin.AdminResult(None, (), "IMP SET")
     except ServiceError as exc:
         raise admin.AdminError("08006", str(exc)) from exc
     except UpstreamError:

@@ -140,6 +140,10 @@ class PerDatabase:
     def drop_all(self, conn: psycopg.Connection[Any]) -> int:
         return self.for_database(self._dbname(conn)).drop_all(conn)
 
+    def hooks(self) -> list[SketchHook]:
+        with self._lock:
+            return [self._classifier, *self._hooks.values()]
+
     def configure(self, name: str, value: str) -> None:
         """Applies a library setting to every database's hook, now and later."""
         self._classifier.configure(name, value)  # type: ignore[attr-defined]  # validates
@@ -352,6 +356,30 @@ class Router:
             raise AdminError("42704", f"unrecognized IMP setting {name!r}") from exc
         except ValueError as exc:
             raise AdminError("22023", f"invalid value for IMP setting {name!r}: {exc}") from exc
+
+    async def set_strategy(self, dbname: str, sketch_id: int, strategy: str) -> None:
+        """``IMP SET STRATEGY = <s> FOR SKETCH <id>``: the hook's optional
+        ``set_strategy(id, strategy | None)`` on the session's database (``default``: follow
+        the global setting again)."""
+        hook = self._hook_for(dbname)
+        fn = getattr(hook, "set_strategy", None)
+        if fn is None:
+            raise AdminError("0A000", "the sketch library has no per-sketch strategies")
+        value = None if strategy == "default" else strategy
+        try:
+            found = await asyncio.to_thread(fn, sketch_id, value)
+        except ValueError as exc:
+            raise AdminError("22023", f"invalid strategy: {exc}") from exc
+        if not found:
+            raise AdminError("42704", f"sketch {sketch_id} does not exist")
+
+    def close(self) -> None:
+        """Stops the hooks' background work (their optional ``close()``)."""
+        hooks = self.hook.hooks() if isinstance(self.hook, PerDatabase) else [self.hook]
+        for h in hooks:
+            fn = getattr(h, "close", None)
+            if callable(fn):
+                fn()
 
     def invalidate(self) -> None:
         """Forgets cached decisions (after DROP SKETCH: decisions do not depend on sketches,

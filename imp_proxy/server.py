@@ -164,6 +164,7 @@ class ProxyServer:
             s.close()
         if self._server is not None:
             await self._server.wait_closed()
+        await asyncio.to_thread(self.router.close)  # background maintenance persists state
         if self.router.pools is not None:
             await asyncio.to_thread(self.router.pools.close)
 
