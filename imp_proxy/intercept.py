@@ -11,6 +11,7 @@ next ReadyForQuery belongs to the proxy or to the one statement it is wrapping.
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,7 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; "
                   "SELECT pg_export_snapshot(), current_setting('search_path')")
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
+CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
 _T = ord("T")
 
 
@@ -319,10 +321,50 @@ async def client_may_not_run(s: Session, sql: str) -> str | None:
     """PostgreSQL's error when the client's role may not run ``sql``, else None: a plain
     ``EXPLAIN`` on the client's own backend (permission checks and planning, no execution;
     the extended protocol refuses a second statement)."""
-    payload = (codec.encode_parse("", "EXPLAIN " + sql)
-               + codec.encode_bind(Bind("", "", (), (), ())) + codec.encode_execute("")
+    payload = (codec.encode_close("S", CHECK_STATEMENT)
+               + codec.encode_parse(CHECK_STATEMENT, "EXPLAIN " + sql)
+               + codec.encode_bind(Bind("", CHECK_STATEMENT, (), (), ()))
+               + codec.encode_execute("") + codec.encode_close("S", CHECK_STATEMENT)
                + codec.encode_sync())
     return _first_error(await s.exchange_with_upstream(payload, 1))
+
+
+# each name as the library reports it: "schema.table", or a bare name (search_path)
+_READABLE = ("SELECT t FROM jsonb_array_elements_text($1::text::jsonb) AS t WHERE coalesce("
+             "(SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n"
+             " ON n.oid = c.relnamespace WHERE n.nspname || '.' || c.relname = t LIMIT 1),"
+             " has_table_privilege(to_regclass(quote_ident(t)), 'SELECT'), false)")
+
+
+async def readable_sketches(s: Session, sketches: list[dict[str, object]]
+                            ) -> list[dict[str, object]]:
+    """The sketches whose every table the client's role may read (fragment counts and
+    versions reveal data): asked on the client's own backend, as the client."""
+    tables = sorted({str(t) for sk in sketches for t in _as_list(sk.get("tables"))})
+    if not tables:
+        return sketches
+    if s.scanner.status == ord("E"):
+        return []  # a failed transaction cannot answer: show nothing rather than everything
+    payload = (codec.encode_close("S", CHECK_STATEMENT)
+               + codec.encode_parse(CHECK_STATEMENT, _READABLE)
+               + codec.encode_bind(Bind("", CHECK_STATEMENT, (), (json.dumps(tables).encode(),),
+                                        ()))
+               + codec.encode_execute("") + codec.encode_close("S", CHECK_STATEMENT)
+               + codec.encode_sync())
+    s.enter_parse_mode()
+    try:
+        replies = await s.exchange_with_upstream(payload, 1)
+    finally:
+        s.leave_parse_mode()
+    if _first_error(replies) is not None:
+        return []
+    readable = {v.decode() for t, m in replies if t == DATA_ROW
+                for v in codec.decode_data_row(m).values if v is not None}
+    return [sk for sk in sketches if all(str(t) in readable for t in _as_list(sk.get("tables")))]
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
@@ -367,7 +409,7 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
     router.count("admin_commands")
     try:
         if cmd.kind == "show_sketches":
-            rows = admin.sketch_rows(await router.sketches(s.dbname))
+            rows = admin.sketch_rows(await readable_sketches(s, await router.sketches(s.dbname)))
             return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
         if cmd.kind == "show_stats":
             items: list[tuple[str, object]] = [("session.enabled", s.enabled),
