@@ -23,9 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def small_run(admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchResult, Path]:
-    admin = pytest.importorskip("imp_proxy.admin", reason="the proxy has not landed yet")
-    if "strategy" not in getattr(admin, "SETTINGS", ()):
-        pytest.skip("the proxy has no IMP SET strategy yet (incremental engine not integrated)")
     out = tmp_path_factory.mktemp("bench-small")
     cfg = RunConfig(scale=SCALES["small"], dsn=admin_dsn, run_name="test-small",
                     results_dir=str(out), proxy_code="worktree", progress=False)
