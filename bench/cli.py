@@ -85,9 +85,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         bad = [x for x in a.ratios if x not in RATIOS]
         if bad:
             raise SystemExit(f"unknown ratio(s) {bad}; use {list(RATIOS)}")
-        sc = replace(sc, ratios=tuple(a.ratios))
+        sc = replace(sc, ratios=tuple(a.ratios), cells=())
     if a.deltas:
-        sc = replace(sc, deltas=tuple(int(d) for d in a.deltas))
+        sc = replace(sc, deltas=tuple(int(d) for d in a.deltas), cells=())
     if a.systems:
         sc = replace(sc, systems=tuple(SystemSpec.parse(s) for s in a.systems))
     if a.sweep_systems:

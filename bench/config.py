@@ -86,7 +86,12 @@ class Scale:
     templates: tuple[str, ...] = ("having", "join", "topk")
     fragments: int = 100  # sketch fragments the proxy is asked for (when it takes the setting)
 
+    #: explicit main-matrix cells instead of ratios × deltas (keeps the small scale short)
+    cells: tuple[Combo, ...] = ()
+
     def combos(self) -> list[Combo]:
+        if self.cells:
+            return list(self.cells)
         return [Combo(r, d) for r in self.ratios for d in self.deltas]
 
 
@@ -95,7 +100,8 @@ _MAIN = (SystemSpec("ns"), SystemSpec("fm"), SystemSpec("lazy"), SystemSpec("eag
 SCALES: dict[str, Scale] = {
     "small": Scale(
         name="small", rows=20_000, groups=200, ops=40,
-        ratios=("1U1Q", "5U1Q"), deltas=(1, 200),
+        ratios=("1U1Q", "5U1Q"), deltas=(20, 200),
+        cells=(Combo("1U1Q", 20), Combo("5U1Q", 200)),
         systems=(SystemSpec("ns"), SystemSpec("fm"), SystemSpec("lazy"), SystemSpec("eager", 10)),
         tpch_sf=0.01, templates=("having", "join", "topk", "tpch-topk"),
     ),
