@@ -127,6 +127,13 @@ def installed(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+def stored_version(conn: Conn, key: str) -> str | None:
+    """The version of the persisted state ``key`` in this snapshot (None: no row)."""
+    row = conn.execute("SELECT version::text FROM imp.ivm_state WHERE sketch_key = %s",
+                       (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def relations(pipeline: Pipeline) -> list[str]:
     return [t.relation for t in pipeline.spec.tables]
 

@@ -43,7 +43,7 @@ from sketches.capture import CaptureTarget, capture
 from sketches.errors import CaptureError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
-from sketches.ivm.errors import IvmError, NotMaintainable
+from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
@@ -338,6 +338,7 @@ class SketchManager:
         assert pipeline is not None
         started = time.perf_counter()
         try:
+            self._catch_up(conn, entry, pipeline)
             pipeline.maintain(conn)
         except deltas.VersionAhead:
             self._count("version_ahead")
@@ -351,6 +352,25 @@ class SketchManager:
             return None
         self._note_maintenance(entry, time.perf_counter() - started)
         return entry.sketch
+
+    def _catch_up(self, conn: psycopg.Connection[Any], entry: _Entry,
+                  pipeline: Pipeline) -> None:
+        """If another manager (a second proxy on this database) persisted a newer state of
+        this sketch, its garbage collection may have removed deltas ours still needs: continue
+        from that state instead (it is visible here, so it is not newer than this snapshot's
+        view of the audit tables)."""
+        sid = entry.sketch.id
+        if not self.settings.persist or sid is None or sid <= 0 or pipeline.version is None:
+            return
+        stored = incremental.stored_version(conn, str(sid))
+        if stored is None or deltas.Snapshot.parse(stored).within(
+                deltas.Snapshot.parse(pipeline.version)):
+            return
+        log.info("sketch %s: a newer persisted state (%s) replaces ours (%s)", sid, stored,
+                 pipeline.version)
+        if not ivm_state.load(conn, str(sid), pipeline):
+            raise PipelineBroken("the persisted state disappeared")
+        self._count("states_loaded")
 
     def _note_maintenance(self, entry: _Entry, seconds: float) -> None:
         pipeline = entry.pipeline
@@ -375,10 +395,15 @@ class SketchManager:
 
     def _save_state(self, conn: psycopg.Connection[Any], entry: _Entry) -> None:
         """Persists the entry's state in conn's transaction (the caller holds its lock)."""
-        sid = entry.sketch.id
-        if not self.settings.persist or entry.pipeline is None or sid is None or sid <= 0:
+        sid, pipeline = entry.sketch.id, entry.pipeline
+        if not self.settings.persist or pipeline is None or sid is None or sid <= 0 \
+                or pipeline.version is None:
             return
-        ivm_state.save(conn, str(sid), entry.pipeline)
+        stored = incremental.stored_version(conn, str(sid))
+        if stored is not None and not deltas.Snapshot.parse(stored).within(
+                deltas.Snapshot.parse(pipeline.version)):
+            return  # another manager's newer state stays (ours catches up on next use)
+        ivm_state.save(conn, str(sid), pipeline)
         entry.dirty = False
         self._remember_own_xid(conn)
 
