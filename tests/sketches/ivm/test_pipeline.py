@@ -103,6 +103,31 @@ JOIN = Case(
     Options(minmax_buffer=1))
 
 
+DISTINCT = Case(
+    "SELECT DISTINCT t.v FROM s1 t ORDER BY t.v DESC LIMIT 2",
+    (SketchTarget(0, "g", G_PART),),
+    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT DISTINCT t.v FROM s1 t"
+    " ORDER BY t.v DESC LIMIT 2) h ON x.v IS NOT DISTINCT FROM h.v",
+    Options())
+
+SCALAR = Case(
+    "SELECT count(*), max(t.w) FROM s1 t WHERE t.g > 2 HAVING max(t.w) > 3",
+    (SketchTarget(0, "g", G_PART),),
+    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x WHERE x.g > 2"
+    " AND (SELECT max(t.w) FROM s1 t WHERE t.g > 2) > 3",
+    Options(minmax_buffer=1))
+
+JOIN_TOPK = Case(
+    "SELECT r.id, s.b FROM r JOIN s ON s.rid = r.id WHERE s.b IS NOT NULL"
+    " ORDER BY s.b DESC, s.id LIMIT 3",
+    (SketchTarget(0, "g", RG_PART), SketchTarget(1, "rid", SRID_PART)),
+    "WITH j AS (SELECT r.g, s.rid FROM r JOIN s ON s.rid = r.id WHERE s.b IS NOT NULL"
+    "  ORDER BY s.b DESC, s.id FETCH FIRST 3 ROWS WITH TIES)"
+    f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
+    f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
+    Options(topk_buffer=3))
+
+
 def exact_sketch(conn: Conn, case: Case) -> tuple[frozenset[int], ...]:
     found: list[set[int]] = [set() for _ in case.targets]
     for slot, f in conn.execute(case.exact.encode()).fetchall():
@@ -269,8 +294,8 @@ def run_sequence(dsn: str, case: Case, data: st.DataObject, ops: st.SearchStrate
     check(dsn, pipe, case)
 
 
-@pytest.mark.parametrize("case", [HAVING, TOPK_ROWS, TOPK_GROUPS], ids=["having", "topk_rows",
-                                                                        "topk_groups"])
+@pytest.mark.parametrize("case", [HAVING, TOPK_ROWS, TOPK_GROUPS, DISTINCT, SCALAR],
+                         ids=["having", "topk_rows", "topk_groups", "distinct", "scalar"])
 @SETTINGS
 @given(data=st.data())
 def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> None:
@@ -278,11 +303,12 @@ def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> Non
     run_sequence(db, case, data, S1_OPS, apply_s1)
 
 
+@pytest.mark.parametrize("case", [JOIN, JOIN_TOPK], ids=["having", "topk"])
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
-def test_join_sequences(db: str, data: st.DataObject) -> None:
+def test_join_sequences(db: str, case: Case, data: st.DataObject) -> None:
     reset(db, ("r", "s"), seed_join)
-    run_sequence(db, JOIN, data, JOIN_OPS, apply_join)
+    run_sequence(db, case, data, JOIN_OPS, apply_join)
 
 
 def test_persisted_state_resumes_after_restart(db: str) -> None:
