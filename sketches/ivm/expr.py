@@ -10,6 +10,7 @@ not reproduced here.
 from __future__ import annotations
 
 import operator
+from decimal import Decimal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -75,6 +76,11 @@ class Arith:
         a, b = self.left.eval(row), self.right.eval(row)
         if a is None or b is None:
             return None
+        # PostgreSQL resolves float8 (op) numeric as float8 (op) float8
+        if isinstance(a, float) and isinstance(b, Decimal):
+            b = float(b)
+        elif isinstance(b, float) and isinstance(a, Decimal):
+            a = float(a)
         return _ARITH[self.op](a, b)
 
 
