@@ -29,7 +29,9 @@ from sketches import deltas, incremental
 from sketches.ivm.errors import IvmError
 
 if TYPE_CHECKING:
-    from sketches.manager import SketchManager, _Entry, _Template
+    from sketches.maintained import Entry as _Entry
+    from sketches.maintained import IncrementalMaintenance
+    from sketches.maintained import Template as _Template
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ LOCK_WAIT = 0.05
 
 
 class Background(threading.Thread):
-    def __init__(self, manager: SketchManager, conninfo: dict[str, Any]) -> None:
+    def __init__(self, manager: IncrementalMaintenance, conninfo: dict[str, Any]) -> None:
         super().__init__(name="imp-maintenance", daemon=True)
         self.manager = manager
         self.conninfo = conninfo

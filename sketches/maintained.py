@@ -1,0 +1,299 @@
+"""Incremental maintenance of the manager's sketches (docs/MAINTENANCE.md): the entries the
+manager holds and the :class:`IncrementalMaintenance` part of ``SketchManager``.
+
+Per entry the strategy is ``lazy`` (brought to the query's snapshot by the query itself),
+``eager`` (also maintained in batches by the background thread, :mod:`sketches.background`) or
+``recapture`` (``RecaptureOnChange``: kept while nothing changed, else captured anew; also the
+fate of queries the engine cannot maintain exactly). Every step that touches an entry's
+pipeline runs under its template's lock, so a state's version only moves forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from sketches import deltas, incremental
+from sketches.ivm import state as ivm_state
+from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
+from sketches.ivm.pipeline import Pipeline
+from sketches.ivm.plan import SketchTarget
+from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
+from sketches.sketch import Sketch
+from sketches.sql import QueryAnalysis
+from sketches.sql.template import TemplateInstance
+
+if TYPE_CHECKING:
+    from sketches.manager import SketchSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Entry:
+    """A sketch known to the manager with its template instance and counters."""
+
+    sketch: Sketch
+    instance: TemplateInstance
+    captures: int = 1
+    maintenances: int = 0
+    uses: int = 0
+    last_used: float | None = None
+    instrumented: dict[str, str | None] = field(default_factory=dict)
+    """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change)."""
+    analysis: QueryAnalysis | None = None
+    session: incremental.SessionSettings | None = None
+    strategy: str | None = None
+    """Per-sketch strategy (None: ``SketchSettings.strategy``)."""
+    pipeline: Pipeline | None = None
+    ivm_off: str | None = None
+    """Why the sketch is not maintained incrementally (then: recapture on change)."""
+    dirty: bool = False
+    last_maintained: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Template:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    seen: int = 0
+    loaded: bool = False
+    entries: list[Entry] = field(default_factory=list)
+
+
+class IncrementalMaintenance:
+    """Mixin of ``SketchManager``: strategies, pipelines, the background thread's seam."""
+
+    settings: SketchSettings
+    maintenance: MaintenanceStrategy
+    _custom: bool
+    _lock: threading.Lock
+    _templates: dict[str, Template]
+    _conninfo: dict[str, Any] | None
+    _to_track: dict[str, incremental.SessionSettings]
+    _background: Any
+    _seconds: defaultdict[str, float]
+
+    def _count(self, key: str, n: int = 1) -> None:
+        raise NotImplementedError
+
+    def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
+        raise NotImplementedError
+
+    # ---- incremental maintenance (docs/MAINTENANCE.md) ----------------------------------
+
+    def strategy_of(self, entry: Entry) -> str:
+        """The strategy that keeps ``entry`` up to date."""
+        if self._custom:
+            return self.maintenance.name
+        if entry.ivm_off is not None:
+            return "recapture"
+        return entry.strategy or self.settings.strategy
+
+    def _refresh(self, conn: psycopg.Connection[Any], entry: Entry,
+                 request: MaintenanceRequest) -> Sketch | str | None:
+        """The entry's sketch valid in conn's snapshot; None: recapture; a string: pass this
+        query through for that reason (the sketch stays)."""
+        if self.strategy_of(entry) not in ("lazy", "eager"):
+            return self.maintenance.refresh(conn, entry.sketch, request)
+        if entry.pipeline is None and not self._attach(conn, entry):
+            return self.maintenance.refresh(conn, entry.sketch, request)
+        return self._maintain(conn, entry)
+
+    def _attach(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:
+        """Gives ``entry`` its pipeline: the persisted state (restart), else one built in this
+        snapshot (a capture). False when the engine cannot maintain the query or the tables'
+        tracking is not visible yet."""
+        sketch = entry.sketch
+        try:
+            if entry.analysis is None:
+                raise NotMaintainable("the sketch's query could not be analysed")
+            targets = [SketchTarget(p.table.index, p.column, p.partition) for p in sketch.parts]
+            pipeline = incremental.compile_checked(conn, entry.analysis, targets, sketch.params)
+        except NotMaintainable as exc:
+            entry.ivm_off = str(exc)
+            return False
+        assert entry.session is not None
+        if not incremental.tracked(conn, pipeline):
+            self._queue_tracking(pipeline, entry.session)
+            return False
+        started = time.perf_counter()
+        if self.settings.persist and sketch.id is not None and sketch.id > 0:
+            try:
+                if ivm_state.load(conn, str(sketch.id), pipeline):
+                    entry.pipeline = pipeline
+                    self._apply(entry, pipeline.sketch(), pipeline.version or "")
+                    self._ensure_background()
+                    self._count("states_loaded")
+                    log.info("sketch %s: state reloaded at %s", sketch.id, pipeline.version)
+                    return True
+            except IvmError as exc:
+                log.info("sketch %s: persisted state unusable (%s): rebuilding", sketch.id, exc)
+        frags = pipeline.build_state(conn)
+        self._seconds["capture_seconds"] += time.perf_counter() - started
+        entry.pipeline = pipeline
+        entry.captures += 1
+        self._count("captures")
+        self._count("state_builds")
+        self._apply(entry, frags, pipeline.version or "")
+        self._save_state(conn, entry)
+        self._ensure_background()
+        return True
+
+    def _maintain(self, conn: psycopg.Connection[Any], entry: Entry) -> Sketch | str | None:
+        """``maintain`` in conn's snapshot (the caller holds the template lock)."""
+        pipeline = entry.pipeline
+        assert pipeline is not None
+        started = time.perf_counter()
+        try:
+            self._catch_up(conn, entry, pipeline)
+            pipeline.maintain(conn)
+        except deltas.VersionAhead:
+            self._count("version_ahead")
+            return "the sketch's state is newer than the query's snapshot"
+        except deltas.OwnWrites:
+            return "the transaction wrote to a table of the query"
+        except (IvmError, deltas.NotTracked) as exc:
+            log.info("sketch %s: recapture (%s: %s)", entry.sketch.id, type(exc).__name__, exc)
+            self._count("ivm_failures")
+            entry.pipeline = None
+            return None
+        self._note_maintenance(entry, time.perf_counter() - started)
+        return entry.sketch
+
+    def _catch_up(self, conn: psycopg.Connection[Any], entry: Entry,
+                  pipeline: Pipeline) -> None:
+        """If another manager (a second proxy on this database) persisted a newer state of
+        this sketch, its garbage collection may have removed deltas ours still needs: continue
+        from that state instead (it is visible here, so it is not newer than this snapshot's
+        view of the audit tables)."""
+        sid = entry.sketch.id
+        if not self.settings.persist or sid is None or sid <= 0 or pipeline.version is None:
+            return
+        stored = incremental.stored_version(conn, str(sid))
+        if stored is None or deltas.Snapshot.parse(stored).within(
+                deltas.Snapshot.parse(pipeline.version)):
+            return
+        log.info("sketch %s: a newer persisted state (%s) replaces ours (%s)", sid, stored,
+                 pipeline.version)
+        if not ivm_state.load(conn, str(sid), pipeline):
+            raise PipelineBroken("the persisted state disappeared")
+        self._count("states_loaded")
+
+    def _note_maintenance(self, entry: Entry, seconds: float) -> None:
+        pipeline = entry.pipeline
+        assert pipeline is not None
+        self._seconds["maintenance_seconds"] += seconds
+        if pipeline.applied:
+            entry.maintenances += 1
+            entry.last_maintained = time.monotonic()
+            self._count("maintenances")
+        if pipeline.version != entry.sketch.version:
+            entry.dirty = True
+            self._apply(entry, pipeline.sketch(), pipeline.version or "")
+
+    def _apply(self, entry: Entry, frags: Sequence[frozenset[int]], version: str) -> None:
+        """The entry's sketch with the pipeline's fragments at ``version``."""
+        old = entry.sketch
+        parts = tuple(dataclasses.replace(p, fragments=f)
+                      for p, f in zip(old.parts, frags, strict=True))
+        if parts != old.parts:
+            entry.instrumented.clear()
+        entry.sketch = old.with_state(parts, version)
+
+    def _save_state(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
+        """Persists the entry's state in conn's transaction (the caller holds its lock)."""
+        sid, pipeline = entry.sketch.id, entry.pipeline
+        if not self.settings.persist or pipeline is None or sid is None or sid <= 0 \
+                or pipeline.version is None:
+            return
+        stored = incremental.stored_version(conn, str(sid))
+        if stored is not None and not deltas.Snapshot.parse(stored).within(
+                deltas.Snapshot.parse(pipeline.version)):
+            return  # another manager's newer state stays (ours catches up on next use)
+        ivm_state.save(conn, str(sid), pipeline)
+        entry.dirty = False
+        self._remember_own_xid(conn)
+
+    def _queue_tracking(self, pipeline: Pipeline, session: incremental.SessionSettings) -> None:
+        with self._lock:
+            for rel in incremental.relations(pipeline):
+                self._to_track.setdefault(rel, session)
+        self._ensure_background()
+
+    def _remember_conninfo(self, conn: psycopg.Connection[Any]) -> None:
+        """Connection parameters for the background thread's own connection."""
+        params: dict[str, Any] = dict(conn.info.get_parameters())
+        if conn.info.password:
+            params["password"] = conn.info.password
+        self._conninfo = params
+
+    def _ensure_background(self) -> None:
+        from sketches.background import Background
+
+        with self._lock:
+            if self._background is None and self._conninfo is not None:
+                self._background = Background(self, self._conninfo)
+                self._background.start()
+
+    def close(self) -> None:
+        """Stops the background thread (persisting what it can first)."""
+        with self._lock:
+            bg, self._background = self._background, None
+        if bg is not None:
+            bg.stop()
+
+    def set_strategy(self, sketch_id: int, strategy: str | None) -> bool:
+        """Per-sketch strategy (None: follow ``SketchSettings.strategy``)."""
+        value = None if strategy is None else incremental.check_strategy(strategy)
+        for tmpl, entry in self.entries():
+            if entry.sketch.id == sketch_id:
+                with tmpl.lock:
+                    entry.strategy = value
+                    if value == "recapture":
+                        entry.pipeline = None
+                if value == "eager":
+                    self._ensure_background()
+                return True
+        return False
+
+    def configure(self, name: str, value: str) -> None:
+        """``IMP SET <name> = <value>``: a SketchSettings field, process-wide (KeyError:
+        unknown name, ValueError: bad value). ``strategy`` also applies to every sketch without
+        a per-sketch strategy."""
+        fields = {f.name: f for f in dataclasses.fields(self.settings)}
+        if name not in fields:
+            raise KeyError(name)
+        current = getattr(self.settings, name)
+        raw = value.strip()
+        parsed: Any
+        if isinstance(current, bool):
+            if raw.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"not a boolean: {value!r}")
+            parsed = raw.lower() in ("on", "true", "1", "yes")
+        elif isinstance(current, int):
+            parsed = int(raw)
+        elif isinstance(current, float):
+            parsed = float(raw)
+        else:
+            parsed = raw.lower()
+        self.settings = dataclasses.replace(self.settings, **{name: parsed})
+        if self.settings.strategy == "eager":
+            self._ensure_background()
+
+    def entries(self) -> list[tuple[Template, Entry]]:
+        """Every (template, entry) held, for the background thread."""
+        with self._lock:
+            return [(t, e) for t in self._templates.values() for e in t.entries]
+
+    def take_tracking(self) -> dict[str, incremental.SessionSettings]:
+        with self._lock:
+            out, self._to_track = self._to_track, {}
+        return out
