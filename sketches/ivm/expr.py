@@ -10,9 +10,9 @@ not reproduced here.
 from __future__ import annotations
 
 import operator
-from decimal import Decimal
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TypeAlias
 
 from sketches.ivm.errors import NotMaintainable
