@@ -1,0 +1,50 @@
+"""The maintenance benchmark at small scale against a real PostgreSQL: every query shape and
+delta size produces a measurement and every maintained sketch contains the freshly captured one.
+No timing is asserted."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from bench.maintenance_bench import SCALES, BenchRun, run
+
+
+@pytest.fixture(scope="module")
+def small(db_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchRun, Path]:
+    out = tmp_path_factory.mktemp("maintenance-bench")
+    return run(db_dsn, "small", SCALES["small"], out, "mb"), out
+
+
+def test_containment_held_everywhere(small: tuple[BenchRun, Path]) -> None:
+    result, _ = small
+    violations = [(r.shape.name, v) for r in result.results for v in r.violations]
+    assert violations == []
+    assert all(m.contained for r in result.results for m in r.measurements)
+    assert result.ok
+    assert "Containment: all" in result.markdown
+
+
+def test_every_configuration_produced_a_result(small: tuple[BenchRun, Path]) -> None:
+    result, _ = small
+    scale = SCALES["small"]
+    sizes = {*scale.deltas, *(round(f * scale.rows) for f in scale.fractions)}
+    assert [r.shape.name for r in result.results] == list(scale.shapes)
+    for r in result.results:
+        assert r.error is None, (r.shape.name, r.error)
+        measured = {m.delta_rows for m in r.measurements}
+        assert measured == sizes, r.shape.name
+        assert len(r.measurements) == len(sizes) * scale.reps  # reps_large == reps here
+        assert all(m.imp_ms > 0 and m.recapture_ms > 0 for m in r.measurements)
+        assert r.groups > 0 and r.state_json_bytes > 0 and r.state_heap_bytes > 0
+
+
+def test_outputs_written(small: tuple[BenchRun, Path]) -> None:
+    result, out = small
+    assert (out / "mb.md").read_text() == result.markdown
+    with (out / "mb.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == sum(len(r.measurements) for r in result.results)
+    assert {row["shape"] for row in rows} == set(SCALES["small"].shapes)
