@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 TICK = 0.25
 LOCK_WAIT = 0.05
+GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
 
 
 class Background(threading.Thread):
@@ -64,6 +65,10 @@ class Background(threading.Thread):
                 log.warning("background maintenance round failed (%d in a row): %s",
                             failures, exc)
                 self._drop_connection()
+                if failures >= GIVE_UP:  # e.g. the database was dropped
+                    log.warning("background maintenance stops; the next use restarts it")
+                    self.manager.background_ended(self)
+                    return
             except Exception:  # noqa: BLE001 - the thread must outlive any one failure
                 log.exception("background maintenance round failed")
                 self._drop_connection()

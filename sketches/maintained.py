@@ -105,6 +105,8 @@ class IncrementalMaintenance:
             return self.maintenance.refresh(conn, entry.sketch, request)
         if entry.pipeline is None and not self._attach(conn, entry):
             return self.maintenance.refresh(conn, entry.sketch, request)
+        if self._background is None:  # it gave up earlier (database unreachable)
+            self._ensure_background()
         return self._maintain(conn, entry)
 
     def _attach(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:
@@ -249,6 +251,12 @@ class IncrementalMaintenance:
             bg, self._background = self._background, None
         if bg is not None:
             bg.stop()
+
+    def background_ended(self, thread: object) -> None:
+        """The background thread gave up (its database is gone or unreachable)."""
+        with self._lock:
+            if self._background is thread:
+                self._background = None
 
     def set_strategy(self, sketch_id: int, strategy: str | None) -> bool:
         """Per-sketch strategy (None: follow ``SketchSettings.strategy``)."""
