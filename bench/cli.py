@@ -119,7 +119,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 def cmd_run(a: argparse.Namespace) -> int:
     from bench.machine import machine_facts
     from bench.report import write_all
-    from bench.runner import Bench
+    from bench.runner import Bench, BenchResult
 
     cfg = config_from_args(a)
     out = Path(cfg.results_dir) / cfg.run_name
@@ -128,8 +128,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(fh)
     log.info("run %s -> %s", cfg.run_name, out)
-    result = Bench(cfg, out, Path(a.data_dir)).run()
-    doc = write_all(result, out, machine_facts(result.pg_version))
+    facts = machine_facts()
+
+    def checkpoint(partial: BenchResult) -> None:
+        facts["postgresql"] = partial.pg_version
+        write_all(partial, out, facts, partial=True)
+
+    result = Bench(cfg, out, Path(a.data_dir), checkpoint).run()
+    facts["postgresql"] = result.pg_version
+    doc = write_all(result, out, facts)
     errors = sum(r["errors"] for r in doc["runs"])
     failed = [r for r in doc["runs"] if r["error"]]
     print(f"results: {out}")

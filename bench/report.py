@@ -24,9 +24,13 @@ log = logging.getLogger(__name__)
 QUERY_TEMPLATES = ("having", "join", "topk", "tpch-topk")
 
 
-def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[str, Any]:
+def write_all(result: BenchResult, out: Path, machine: dict[str, Any],
+              partial: bool = False) -> dict[str, Any]:
+    """Writes every output; ``partial`` (after each run of a long bench): no plots, and the
+    summary says so — an interrupted run still leaves its finished runs behind."""
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
+        "partial": partial,
         "machine": machine,
         "config": result.config.to_json(),
         "data": result.stats.to_json(),
@@ -48,7 +52,10 @@ def write_all(result: BenchResult, out: Path, machine: dict[str, Any]) -> dict[s
                         f"{o.seconds:.6f}", o.rows, "" if o.match is None else int(o.match),
                         o.error])
     write_runs_csv(doc, out / "runs.csv")
-    render(doc, out)
+    if partial:
+        (out / "summary.md").write_text(summary_markdown(doc))
+    else:
+        render(doc, out)
     return doc
 
 
@@ -242,7 +249,8 @@ def summary_markdown(doc: dict[str, Any]) -> str:
     sc = cfg["scale"]
     sources = doc.get("merged_from") or [{"dir": ".", "machine": m}]
     lines = [
-        f"# Benchmark run `{cfg.get('run_name', '')}`",
+        f"# Benchmark run `{cfg.get('run_name', '')}`"
+        f"{' (PARTIAL: still running or interrupted)' if doc.get('partial') else ''}",
         "",
         *[_command_line(x, len(sources) > 1) for x in sources],
         f"Machine: {m['timestamp_utc']} · git {m['git_commit'][:12]}"

@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,8 +169,10 @@ def drop_database(admin_dsn: str, name: str) -> None:
 class Bench:
     """One invocation of the harness."""
 
-    def __init__(self, config: RunConfig, out_dir: Path, data_dir: Path) -> None:
+    def __init__(self, config: RunConfig, out_dir: Path, data_dir: Path,
+                 checkpoint: Callable[[BenchResult], None] | None = None) -> None:
         self.config = config
+        self.checkpoint = checkpoint
         self.out_dir = out_dir
         self.data_dir = data_dir
         self.tag = uuid.uuid4().hex[:8]
@@ -178,6 +180,8 @@ class Bench:
         self.mismatch_details: list[dict[str, Any]] = []
         self._prev_kind = ""
         self.launcher: ProxyLauncher | None = None
+        self._pg_version = ""
+        self._setup_s = 0.0
 
     def plan(self) -> list[tuple[Combo, SystemSpec, bool]]:
         sc = self.config.scale
@@ -206,6 +210,7 @@ class Bench:
                     pg_version = str(row[0]) if row else "?"
                 setup_s = time.perf_counter() - t0
                 log.info("data ready in %.1fs: %s", setup_s, stats)
+                self._pg_version, self._setup_s = pg_version, setup_s
                 runs = self._run_cells(admin, template, stats)
             finally:
                 if not self.config.keep_databases:
@@ -237,6 +242,11 @@ class Bench:
                     if not self.config.keep_databases:
                         drop_database(admin, dbname)
                 runs.append(result)
+                if self.checkpoint is not None:
+                    self.checkpoint(BenchResult(
+                        self.config, stats, list(runs), list(self.ops),
+                        list(self.mismatch_details), self._pg_version, self._setup_s,
+                        self.launcher.label if self.launcher else "not used"))
                 log.info("%s %s: total %.3fs (q %.3fs, u %.3fs), %d mismatches%s",
                          combo.label, spec.name, result.total_s, result.query_s,
                          result.update_s, result.mismatches,
