@@ -13,12 +13,12 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.zset import Row
 
-_CMP: dict[str, Callable[[object, object], bool]] = {
+_CMP: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq, "<>": operator.ne, "!=": operator.ne,
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }

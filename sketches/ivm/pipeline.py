@@ -139,9 +139,10 @@ class Pipeline:
         return [(t.slot, t.fragment) for t in (self.spec.tables[p] for p in positions)
                 if t.slot is not None and t.fragment is not None]
 
-    def _run(self, query: sql.Composable) -> list[tuple[Any, ...]]:
+    def _run(self, query: sql.Composed) -> list[tuple[Any, ...]]:
         assert self._conn is not None
-        return self._conn.execute(query).fetchall()
+        rows: list[tuple[Any, ...]] = self._conn.execute(query).fetchall()
+        return rows
 
     def current(self, positions: Sequence[int], extra: Sequence[sql.Composable] = (),
                 order_limit: sql.Composable | None = None) -> ZSet:
@@ -267,7 +268,7 @@ class Pipeline:
                 else:
                     parts.append(r[at])
                     at += 1
-            ids = [None] * spec.slots
+            ids: list[int | None] = [None] * spec.slots
             for (slot, _f), fid in zip(frags, r[ng:ng + nf], strict=True):
                 ids[slot] = int(fid)
             agg.absorb_partial(tuple(r[:ng]), ids, int(r[-1]), parts)

@@ -208,10 +208,10 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
                            b.pos_of_table[y.table], b.column_sql(y.table, y.column)))
     where: list[list[str]] = [[] for _ in b.order]
     for w in analysis.where:
-        tables = {c.table for c in w.columns}
-        if len(tables) > 1:
+        used = {c.table for c in w.columns}
+        if len(used) > 1:
             raise NotMaintainable(f"WHERE conjunct {w.sql!r} reads several tables")
-        for pos in ([b.pos_of_table[tables.pop()]] if tables else range(len(b.order))):
+        for pos in ([b.pos_of_table[used.pop()]] if used else range(len(b.order))):
             where[pos].append(b.bind(w.sql))
     def positions() -> tuple[list[tuple[int, tuple[int, ...], list[int], tuple[str, ...],
                                        tuple[str, ...]]], str, dict[str, object]]:
@@ -231,7 +231,7 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
     joins = tuple(
         JoinSpec(lpos, tuple(r - offsets[step] for r in rpos), lsql, rsql)
         for step, lpos, rpos, lsql, rsql in join_specs_pending)
-    tables = []
+    tables: list[TableSpec] = []
     for pos, t in enumerate(b.order):
         ref = analysis.tables[t]
         relation = sql.Identifier(*([ref.schema] if ref.schema else []), ref.name).as_string(None)

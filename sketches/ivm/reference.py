@@ -68,7 +68,7 @@ def _aggregate_value(func: str, values: list[object], count: int) -> object:
         total = sum(present)  # type: ignore[arg-type]
         if isinstance(total, float):
             return total / len(present)
-        return pg_numeric_div(total, len(present))  # type: ignore[arg-type]
+        return pg_numeric_div(total, len(present))
     if func == "min":
         return min(present)  # type: ignore[type-var]
     if func == "max":
@@ -79,8 +79,8 @@ def _aggregate_value(func: str, values: list[object], count: int) -> object:
 def aggregate(rel: ZSet, group_by: Sequence[int], aggs: Sequence[AggSpec], slots: int,
               scalar: bool = False) -> ZSet:
     groups: dict[Row, list[tuple[Row, Ann, int]]] = defaultdict(list)
-    for row, ann, m in _bag(rel):
-        groups[tuple(row[i] for i in group_by)].append((row, ann, m))
+    for row, a0, m in _bag(rel):
+        groups[tuple(row[i] for i in group_by)].append((row, a0, m))
     if scalar:
         groups.setdefault((), [])
     out = ZSet()
@@ -119,8 +119,12 @@ def _compare(a: Row, b: Row, order: Sequence[OrderItem]) -> int:
 
 def topk(rel: ZSet, order: Sequence[OrderItem], k: int) -> ZSet:
     """First k tuples in O-order plus all tuples tied with the k-th (WITH TIES)."""
-    expanded = [(r, a) for r, a, m in _bag(rel) for _ in range(m)]
-    expanded.sort(key=cmp_to_key(lambda x, y: _compare(x[0], y[0], order)))
+    expanded: list[tuple[Row, Ann]] = [(r, a) for r, a, m in _bag(rel) for _ in range(m)]
+
+    def cmp(x: tuple[Row, Ann], y: tuple[Row, Ann]) -> int:
+        return _compare(x[0], y[0], order)
+
+    expanded.sort(key=cmp_to_key(cmp))
     if len(expanded) > k:
         kth = expanded[k - 1][0]
         expanded = [e for i, e in enumerate(expanded)

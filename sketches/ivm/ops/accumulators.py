@@ -66,6 +66,7 @@ def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
 
 class CountAcc:
     __slots__ = ("nonnull",)
+    nonnull: int
 
     def __init__(self) -> None:
         self.nonnull = 0
@@ -88,6 +89,9 @@ class CountAcc:
 
 class SumAcc:
     __slots__ = ("total", "nonnull", "avg")
+    total: Any
+    nonnull: int
+    avg: bool
 
     def __init__(self, avg: bool = False) -> None:
         self.total: Any = 0

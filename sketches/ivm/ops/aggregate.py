@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from sketches.ivm.codec import Json, decode_row, encode_row
 from sketches.ivm.errors import BufferExhausted, InconsistentDelta
@@ -179,12 +180,12 @@ class Aggregate(Operator):
         st.add_frags(((s, f) for s, f in enumerate(frags) if f is not None), count)
         for acc, part in zip(st.accs, partials, strict=True):
             if isinstance(acc, SumAcc):
-                total, nonnull = part  # type: ignore[misc]
+                total, nonnull = cast(tuple[Any, int], part)
                 if nonnull:
                     acc.total = acc.total + total
                     acc.nonnull += int(nonnull)
             else:
-                acc.nonnull += int(part)  # type: ignore[call-overload]
+                acc.nonnull += int(cast(int, part))
 
     def load_values(self, key: Row, agg_index: int, values: Sequence[tuple[object, int]],
                     complete: bool) -> None:

@@ -131,7 +131,7 @@ class TopK(Operator):
         if self.complete:
             return True
         assert self.bound_row is not None
-        return bool(okey <= self._okey(self.bound_row))   # type: ignore[operator]
+        return bool(okey <= self._okey(self.bound_row))
 
     def top(self) -> ZSet:
         return top_with_ties(self.entries.items(), self.k)
