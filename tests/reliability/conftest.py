@@ -20,7 +20,7 @@ import pytest
 from tests.imp_proxy.conftest import ProxyProcess, fresh_db, launch_proxy, via_proxy
 
 __all__ = ["ProxyProcess", "fresh_db", "via_proxy", "fd_count", "rss_kib", "wait_until",
-           "backend_count", "scalar", "settled_fd_count"]
+           "backend_count", "scalar", "settled_fd_count", "client_legs"]
 
 Rows = list[tuple[Any, ...]]
 LaunchProxy = Callable[..., ProxyProcess]
@@ -29,6 +29,31 @@ LaunchProxy = Callable[..., ProxyProcess]
 def fd_count(pid: int) -> int:
     """Open file descriptors of a process (sockets, pipes, files)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def client_legs(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` whose local port is ``port`` (the
+    proxy's client legs), from /proc/<pid>/fd socket inodes and /proc/net/tcp{,6}."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            local_port = int(cols[1].rsplit(":", 1)[1], 16)
+            if local_port == port and cols[3] == "01" and cols[9] in inodes:
+                n += 1
+    return n
 
 
 def settled_fd_count(pid: int, samples: int = 5, interval: float = 0.1,

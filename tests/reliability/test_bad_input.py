@@ -486,7 +486,7 @@ def test_live_fuzz_random_bytes(strict_proxy: ProxyProcess, db_dsn: str,
                 c.send(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            msgs, closed = _read_all(c, timeout=0.4)
+            msgs, closed = _read_all(c, timeout=0.25)
             # every byte the proxy sent parsed as frames (c.read would have raised otherwise)
             assert c.reader.pending == 0 or not closed
             if closed:
@@ -499,7 +499,7 @@ def test_live_fuzz_random_bytes(strict_proxy: ProxyProcess, db_dsn: str,
             else:
                 try:
                     c.send(codec.encode_query("SELECT 1"))
-                    more, _ = _read_all(c, timeout=0.4)
+                    more, _ = _read_all(c, timeout=0.25)
                 except (BrokenPipeError, ConnectionResetError):
                     more = []
                 if any(t == ord("Z") for t, _ in more):
