@@ -171,7 +171,7 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def report(rows: list[Row], argv: list[str], startup: float, warmup: float,
-           master: str, gen: dict[int, float]) -> str:
+           master: str, gen: dict[int, float], load: tuple[float, float]) -> str:
     lines = [
         "# Spark vs PostgreSQL: capture, state building, full maintenance",
         "",
@@ -179,7 +179,8 @@ def report(rows: list[Row], argv: list[str], startup: float, warmup: float,
         "",
         f"Machine: {platform.platform()}, {os.cpu_count()} cores (shared by PostgreSQL and "
         f"Spark), Python {platform.python_version()}; Spark master `{master}`; "
-        f"PostgreSQL 15 with default settings.",
+        f"PostgreSQL 15 with default settings. Load average (1 min) {load[0]:.1f} at the "
+        f"start, {load[1]:.1f} at the end: other work on the machine inflates both columns.",
         "",
         f"Spark session start-up {startup:.1f} s, first (warm-up) job {warmup:.1f} s — both "
         "off the request path in the proxy. Data generation: " + ", ".join(
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         master=args.master, max_partitions=args.max_partitions,
         conf=(("spark.sql.shuffle.partitions", "4"), ("spark.driver.memory", "2g"))))
     began = time.perf_counter()
+    load_start = os.getloadavg()[0]
     runtime.start()
     rows: list[Row] = []
     gen: dict[int, float] = {}
@@ -272,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                                           tgts, (0,)), 1)
             rows += measure(conn, spark, size, args.repeat)
     runtime.stop()
-    text = report(rows, args_list, startup, warmup, args.master, gen)
+    text = report(rows, args_list, startup, warmup, args.master, gen,
+                  (load_start, os.getloadavg()[0]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
