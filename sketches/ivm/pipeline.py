@@ -298,19 +298,23 @@ class Pipeline:
         if key is not None:
             extra += [sql.SQL("{} IS NOT DISTINCT FROM {}").format(_raw(g), sql.Literal(v))
                       for g, v in zip(spec.group_sql, key, strict=True)]
-        base = sql.SQL("SELECT {} {}").format(
+        # distinct (group, value) pairs with multiplicities first (hash aggregate), then rank
+        # only those: far cheaper than ranking every row
+        ng = len(gnames)
+        base = sql.SQL("SELECT {}, count(*) AS _m {} GROUP BY {}").format(
             sql.SQL(", ").join([*(sql.SQL("{} AS {}").format(_raw(g), n)
                                   for g, n in zip(spec.group_sql, gnames, strict=True)),
                                 sql.SQL("{} AS _v").format(arg)]),
-            self._from_where(self._all(), extra))
+            self._from_where(self._all(), extra),
+            sql.SQL(", ").join(sql.SQL(str(j + 1)) for j in range(ng + 1)))
         direction = sql.SQL("DESC" if spec.aggs[i].func == "max" else "ASC")
         part = (sql.SQL("PARTITION BY ") + sql.SQL(", ").join(gnames)) if gnames else sql.SQL("")
         limit = spec.options.minmax_buffer
         cut = (sql.SQL(" WHERE _r <= {}").format(sql.Literal(limit + 1))
                if limit is not None else sql.SQL(""))
         query = sql.SQL(
-            "SELECT {g}_v, count(*) FROM (SELECT *, dense_rank() OVER ({part} ORDER BY _v {d})"
-            " AS _r FROM ({base}) AS b) AS r{cut} GROUP BY {g}_v").format(
+            "SELECT {g}_v, _m FROM (SELECT *, row_number() OVER ({part} ORDER BY _v {d})"
+            " AS _r FROM ({base}) AS b) AS r{cut}").format(
             g=sql.SQL("").join(sql.SQL("{}, ").format(n) for n in gnames),
             part=part, d=direction, base=base, cut=cut)
         return self._run(query)
