@@ -73,6 +73,7 @@ class LoadConfig:
     upstream: str | None = None     # superuser DSN of the cluster; None: a throwaway one
     seed: int = 20261121
     rss_interval: float = 0.5
+    proxy_log_level: str = "WARNING"
 
 
 @dataclass
@@ -116,14 +117,14 @@ class _Proxy:
                 self.proc.wait()
 
 
-def start_proxy(upstream: str, *args: str) -> _Proxy:
+def start_proxy(upstream: str, *args: str, log_level: str = "WARNING") -> _Proxy:
     logfile = Path(tempfile.mkstemp(prefix="imp-load-proxy-", suffix=".log")[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
                                         if p)
     with open(logfile, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "imp_proxy", "--log-level", "WARNING", "serve", "--listen",
+            [sys.executable, "-m", "imp_proxy", "--log-level", log_level, "serve", "--listen",
              "127.0.0.1:0", "--upstream", upstream, *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
     deadline = time.monotonic() + 60
@@ -324,7 +325,7 @@ def _proxy_stats(proxied: str) -> dict[str, str]:
 def run(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: None) -> LoadResult:
     res = LoadResult(cfg)
     with _cluster(cfg.upstream) as admin, _database(admin, cfg.rows) as direct:
-        proxy = start_proxy(admin)
+        proxy = start_proxy(admin, log_level=cfg.proxy_log_level)
         try:
             proxied = psycopg.conninfo.make_conninfo(direct, host="127.0.0.1", port=proxy.port)
             tmpl = templates(cfg.rows)
@@ -441,11 +442,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", help="superuser DSN (default: a throwaway cluster)")
     parser.add_argument("--seed", type=int, default=20261121)
     parser.add_argument("--out", type=Path, help="write the markdown report here")
+    parser.add_argument("--proxy-log-level", default="WARNING",
+                        help="the proxy's log level (its log file is named in the report)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = LoadConfig(clients=args.clients, seconds=args.seconds, rows=args.rows,
                      direct_writers=args.direct_writers, check_every=args.check_every,
-                     upstream=args.upstream, seed=args.seed)
+                     upstream=args.upstream, seed=args.seed,
+                     proxy_log_level=args.proxy_log_level)
     res = run(cfg, progress=log.info)
     command = "python -m bench.load_bench " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]) if "postgres" not in a)
