@@ -128,11 +128,7 @@ class RoutedBackend:
             result = on_postgres()
         decision = Decision(job, choice.backend, ran_on, reason,
                             time.perf_counter() - started, time.time())
-        with self._lock:
-            self.decisions.append(decision)
-            self.counters[f"{job}_{ran_on}"] += 1
-            if ran_on != choice.backend:
-                self.counters["spark_fallbacks"] += 1
+        self._record(decision)
         log.info("%s on %s (%s) in %.1f ms", job, ran_on, reason, decision.seconds * 1e3)
         return result
 
@@ -166,6 +162,39 @@ class RoutedBackend:
             "build_state", choice,
             lambda: self.spark.build_state(conn, analysis, targets, params, buffer_limit),  # type: ignore[union-attr]
             lambda: self.postgres.build_state(conn, analysis, targets, params, buffer_limit))
+
+    def spark_state(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                    targets: Sequence[CaptureTarget], params: Sequence[object] | None = None,
+                    buffer_limit: int | None = None) -> AggregateState | None:
+        """Aggregate state built by Spark when the cost model picks Spark for this job and
+        the job succeeds; ``None`` means "build it in PostgreSQL yourself" (the incremental
+        pipeline's own state queries), with the reason logged and recorded."""
+        if self.spark is None or self.cost.mode == "postgres" or not analysis.is_aggregate:
+            return None
+        choice = self.choose(conn, self._tables(conn, analysis, targets))
+        if choice.backend != "spark":
+            self._record(Decision("build_state", "postgres", "postgres", choice.reason, 0.0,
+                                  time.time()))
+            return None
+        started = time.perf_counter()
+        try:
+            state = self.spark.build_state(conn, analysis, targets, params, buffer_limit)
+        except Exception as exc:  # noqa: BLE001 — any Spark failure: PostgreSQL builds it
+            reason = f"{choice.reason}; Spark {type(exc).__name__}: {exc}; ran on PostgreSQL"
+            log.warning("build_state: %s", reason)
+            self._record(Decision("build_state", "spark", "postgres", reason,
+                                  time.perf_counter() - started, time.time()))
+            return None
+        self._record(Decision("build_state", "spark", "spark", choice.reason,
+                              time.perf_counter() - started, time.time()))
+        return state
+
+    def _record(self, decision: Decision) -> None:
+        with self._lock:
+            self.decisions.append(decision)
+            self.counters[f"{decision.job}_{decision.ran_on}"] += 1
+            if decision.ran_on != decision.chosen:
+                self.counters["spark_fallbacks"] += 1
 
     def full_maintenance(self, conn: psycopg.Connection[Any], sql_text: str,
                          analysis: QueryAnalysis, targets: Sequence[CaptureTarget],
