@@ -117,6 +117,25 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- The audit triggers fire ALWAYS: with the default (origin) mode, session_replication_role =
+-- replica (pg_restore, logical replication, bulk loads) or ALTER TABLE … DISABLE TRIGGER made
+-- writes that the audit table never saw, and incrementally maintained sketches went wrong.
+-- Called at tracking and after every ALTER TABLE of a tracked table (one ALTER TABLE for all
+-- triggers, only when one is not ALWAYS, so the nested ddl_command_end ends the recursion).
+-- Untrack a table with imp.untrack_table to stop auditing it.
+CREATE OR REPLACE FUNCTION imp._audit_always(rel regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE subcommands text;
+BEGIN
+    SELECT string_agg(format('ENABLE ALWAYS TRIGGER %I', tgname), ', ' ORDER BY tgname)
+    INTO subcommands
+    FROM pg_trigger WHERE tgrelid = rel AND tgname LIKE 'imp\_audit\_%' AND tgenabled <> 'A';
+    IF subcommands IS NOT NULL THEN
+        EXECUTE format('ALTER TABLE %s %s', rel, subcommands);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION imp._audit_always(regclass) FROM PUBLIC;
+
 -- Starts tracking `rel` (idempotent): audit table, index on _xid, grants, triggers.
 -- Returns the audit table.
 CREATE OR REPLACE FUNCTION imp.track_table(rel regclass) RETURNS regclass
@@ -146,6 +165,7 @@ BEGIN
                    ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_update()', rel);
     EXECUTE format('CREATE TRIGGER imp_audit_trunc AFTER TRUNCATE ON %s'
                    ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_truncate()', rel);
+    PERFORM imp._audit_always(rel);
     RETURN audit;
 END $$;
 REVOKE ALL ON FUNCTION imp.track_table(regclass) FROM PUBLIC;
@@ -207,6 +227,7 @@ BEGIN
     LOOP
         UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = cmd.objid;
         PERFORM imp._create_audit_table(cmd.objid::regclass);
+        PERFORM imp._audit_always(cmd.objid::regclass);
     END LOOP;
 END $$;
 

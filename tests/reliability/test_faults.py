@@ -189,6 +189,7 @@ def test_proxy_sigkill_and_restart(own_pg: LocalPostgres, launch: LaunchProxy) -
 
     # operator state of the incremental engine (imp.ivm_state), when it maintains these
     persisted_state = int(scalar(direct, "SELECT count(*) FROM imp.ivm_state")) > 0
+    print(f"operator state persisted before the kill: {persisted_state}")
     busy = RawClient("127.0.0.1", first.port)
     busy.startup("postgres", "postgres", application_name="killed-proxy-busy")
     busy.send(codec.encode_query("SELECT pg_sleep(60)"))
@@ -350,6 +351,37 @@ def test_audit_object_dropped_by_hand(sketch_proxy: ProxyProcess, fresh_db: Any,
     [(_, audit2)] = _tracked(direct)
     assert int(scalar(direct, f"SELECT count(*) FROM {audit2}")) > 0
     _assert_exact(proxied, direct)
+
+
+@pytest.mark.parametrize("bypass", ["disable-trigger", "disable-all-triggers",
+                                    "replication-role-replica"])
+def test_writes_that_bypass_triggers_still_reach_the_audit(sketch_proxy: ProxyProcess,
+                                                          fresh_db: Any, bypass: str) -> None:
+    """Writes made with the audit triggers switched off by hand (ALTER TABLE … DISABLE
+    TRIGGER) or skipped as a replica (session_replication_role, as pg_restore and logical
+    replication do) must not be missed by incrementally maintained sketches."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, sketch_proxy.port)
+    _assert_exact(proxied, direct)
+    _assert_exact(proxied, direct)
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("SELECT imp.track_table('t')")
+        if bypass == "disable-trigger":
+            c.execute("ALTER TABLE t DISABLE TRIGGER imp_audit_ins, "
+                      "DISABLE TRIGGER imp_audit_upd")
+        elif bypass == "disable-all-triggers":
+            c.execute("ALTER TABLE t DISABLE TRIGGER ALL")
+    _assert_exact(proxied, direct)
+    with psycopg.connect(direct, autocommit=True) as c:
+        if bypass == "replication-role-replica":
+            c.execute("SET session_replication_role = replica")
+        c.execute("INSERT INTO t SELECT 6, 100000 FROM generate_series(1, 10)")
+        c.execute("UPDATE t SET v = v + 200000 WHERE g = 9")
+    _assert_exact(proxied, direct)
+    states = _rows(direct, "SELECT tgenabled FROM pg_trigger WHERE tgrelid = 't'::regclass "
+                           "AND tgname LIKE 'imp_audit_%'")
+    assert states and all(st == ("A",) for st in states), states
 
 
 # ---------------------------------------------------------------- capture failing in PostgreSQL
