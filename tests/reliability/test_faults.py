@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -424,3 +425,30 @@ def test_capture_failing_inside_postgres_passes_through(launch: LaunchProxy, fre
     p.stop()
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute(f"DROP ROLE {role}")
+
+
+# ---------------------------------------------------------------- two proxies, rolling restart
+
+@pytest.mark.slow
+def test_two_proxies_and_a_rolling_restart(launch: LaunchProxy, fresh_db: Any) -> None:
+    """Two proxies in front of one database (a rolling upgrade overlaps old and new), each
+    maintaining and persisting the same templates' sketches while writers change the data
+    directly; one of them is restarted half-way. Every answer through either is exact."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxies = [launch(upstream=direct), launch(upstream=direct)]
+    rng = random.Random(77)
+    for step in range(24):
+        with psycopg.connect(direct, autocommit=True) as c:
+            c.execute("UPDATE t SET v = v + %s WHERE g = %s AND v %% 7 = 0",
+                      (rng.randint(-20_000, 90_000), rng.randrange(1000)))
+            if step % 5 == 0:
+                c.execute("DELETE FROM t WHERE g = %s AND v %% 3 = 0", (rng.randrange(1000),))
+        order = proxies if step % 2 else proxies[::-1]
+        for p in order:
+            _assert_exact(via_proxy(direct, p.port), direct)
+        if step == 12:
+            proxies[0].stop()
+            proxies[0] = launch(upstream=direct)
+    used = sum(_stat(via_proxy(direct, p.port), "proxy.used") for p in proxies)
+    assert used > 0, "the sketches were used, not only captured"
