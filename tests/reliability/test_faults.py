@@ -165,6 +165,31 @@ def test_upstream_restart_mid_session(own_pg: LocalPostgres, launch: LaunchProxy
     assert _stat(proxied, "proxy.used") + _stat(proxied, "proxy.captured") > used_before
 
 
+@pytest.mark.slow
+def test_upstream_down_then_back(own_pg: LocalPostgres, launch: LaunchProxy) -> None:
+    """While PostgreSQL is down, a new client gets a clean FATAL 08006 from the proxy (not a
+    hang, not a reset); once it is back, clients and sketches work again."""
+    direct = own_pg.dsn()
+    _load_table(direct)
+    p = launch(upstream=direct)
+    proxied = via_proxy(direct, p.port)
+    _assert_exact(proxied, direct)
+    own_pg.stop()
+    try:
+        for _ in range(3):
+            with pytest.raises(psycopg.OperationalError,
+                               match="could not connect to the upstream server"):
+                psycopg.connect(proxied, connect_timeout=15).close()
+        assert p.proc.poll() is None
+    finally:
+        own_pg.start()
+    for _ in range(2):
+        _assert_exact(proxied, direct)
+    _write(direct)
+    _assert_exact(proxied, direct)
+    assert _stat(proxied, "proxy.used") + _stat(proxied, "proxy.captured") > 0
+
+
 # ---------------------------------------------------------------- proxy killed
 
 def _explain(dsn: str, query: str) -> dict[str, str | None]:
