@@ -92,7 +92,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 15.0,
 
 def scalar(dsn: str, query: str, params: tuple[Any, ...] = ()) -> Any:
     with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(query.encode(), params).fetchone()  # type: ignore[call-overload]
+        row = c.execute(query.encode(), params).fetchone()
     assert row is not None
     return row[0]
 
