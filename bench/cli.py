@@ -28,6 +28,13 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _combo(text: str) -> Combo:
+    ratio, _, d = text.partition("-d")
+    if ratio not in RATIOS or not d.isdigit():
+        raise SystemExit(f"bad cell {text!r}: use <ratio>-d<delta>, e.g. 1U5Q-d20")
+    return Combo(ratio, int(d))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ops", type=int, help="operations per workload")
     r.add_argument("--ratios", type=_csv, help=f"comma list of {', '.join(RATIOS)}")
     r.add_argument("--deltas", type=_csv, help="comma list of rows per update, e.g. 1,20,200")
+    r.add_argument("--cells", type=_csv,
+                   help="explicit main-matrix cells instead of ratios × deltas, e.g. "
+                        "1U1Q-d20,5U1Q-d2000")
     r.add_argument("--systems", type=_csv,
                    help="comma list: NS, FM, IMP-lazy, IMP-eager-<batch>")
     r.add_argument("--sweep-systems", type=_csv, help="systems of the batch-size sweep")
@@ -88,16 +98,16 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         sc = replace(sc, ratios=tuple(a.ratios), cells=())
     if a.deltas:
         sc = replace(sc, deltas=tuple(int(d) for d in a.deltas), cells=())
+    if a.cells:
+        sc = replace(sc, cells=tuple(_combo(c) for c in a.cells))
+        sc = replace(sc, ratios=tuple(dict.fromkeys(c.ratio for c in sc.cells)),
+                     deltas=tuple(dict.fromkeys(c.delta for c in sc.cells)))
     if a.systems:
         sc = replace(sc, systems=tuple(SystemSpec.parse(s) for s in a.systems))
     if a.sweep_systems:
         sc = replace(sc, sweep_systems=tuple(SystemSpec.parse(s) for s in a.sweep_systems))
     if a.sweep_combos:
-        combos = []
-        for c in a.sweep_combos:
-            ratio, _, d = c.partition("-d")
-            combos.append(Combo(ratio, int(d)))
-        sc = replace(sc, sweep_combos=tuple(combos))
+        sc = replace(sc, sweep_combos=tuple(_combo(c) for c in a.sweep_combos))
     if a.no_sweep:
         sc = replace(sc, sweep_combos=(), sweep_systems=())
     if a.templates:
