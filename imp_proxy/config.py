@@ -1,7 +1,9 @@
 """Proxy configuration: frozen dataclasses, resolved as flags > environment > TOML file > defaults.
 
 Environment: ``IMP_LISTEN`` (host:port), ``IMP_UPSTREAM`` (a libpq URI/conninfo), ``IMP_CONFIG``
-(path of the TOML file). TOML keys (all optional)::
+(path of the TOML file), ``IMP_HEAVY_BACKEND`` (auto | postgres | spark); the Spark backend also
+reads ``IMP_SPARK_MASTER``, ``IMP_SPARK_CONF``, ``IMP_SPARK_JDBC_JAR``, ``IMP_SPARK_JDBC_URL``
+(over the ``[spark]`` table; see docs/SPARK.md). TOML keys (all optional)::
 
     listen = "127.0.0.1:6432"
     upstream = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -12,12 +14,19 @@ Environment: ``IMP_LISTEN`` (host:port), ``IMP_UPSTREAM`` (a libpq URI/conninfo)
     decision_cache_size = 10000 # route decisions cached per query text
     connect_timeout = 10.0
     startup_timeout = 60.0      # a client must finish startup/auth within this (seconds)
+    heavy_backend = "auto"      # where heavy sketch jobs run: auto | postgres | spark
     [library]                   # fields of sketches.manager.SketchSettings
     capture_after = 1           # capture on the N-th execution of a template
     fragments = 1000
     [tls]
     cert = "/path/server.crt"
     key = "/path/server.key"
+    [spark]                     # sketches.backends.spark.SparkSettings + cost thresholds
+    master = "local[*]"         # or spark://host:7077, yarn, ...
+    jdbc_jar = "/usr/share/java/postgresql.jar"
+    spark_min_rows = 200000000  # auto mode: Spark only for jobs at least this large ...
+    spark_min_cost = 5000000    # ... whose capture plan costs at least this much
+    "spark.executor.memory" = "4g"   # any spark.* setting (quoted or as dotted keys)
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from sketches.cost import MODES as HEAVY_BACKENDS
 
 from .protocol.framing import DEFAULT_MAX_MESSAGE
 
@@ -86,6 +97,8 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0        # PostgreSQL's authentication_timeout default
     library: tuple[tuple[str, str], ...] = ()  # SketchSettings overrides (name, value)
+    heavy_backend: str = "auto"          # sketches.cost.MODES: auto | postgres | spark
+    spark: tuple[tuple[str, str], ...] = ()    # the [spark] table, flattened (name, value)
 
     @property
     def listen(self) -> str:
@@ -96,7 +109,12 @@ class ProxyConfig:
 
 
 _SIMPLE_KEYS = {f.name for f in fields(ProxyConfig)} - {"listen_host", "listen_port", "tls",
-                                                         "library"}
+                                                         "library", "spark"}
+
+# the [spark] table's own keys (besides any spark.* setting): SparkSettings.from_sources and
+# the cost model's thresholds (sketches.cost.CostSettings)
+SPARK_KEYS = frozenset({"master", "jdbc_jar", "jdbc_url", "max_partitions", "spark_min_rows",
+                        "spark_min_cost"})
 
 
 def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyConfig:
@@ -115,6 +133,8 @@ def _apply(cfg: ProxyConfig, values: Mapping[str, Any], origin: str) -> ProxyCon
             continue  # combined below
         elif key == "library":
             changes["library"] = _library_settings(cfg.library, value, origin)
+        elif key == "spark":
+            changes["spark"] = _spark_settings(cfg.spark, value, origin)
         elif key in _SIMPLE_KEYS:
             changes[key] = _coerce(key, value, origin)
         else:
@@ -143,6 +163,42 @@ def _library_settings(current: tuple[tuple[str, str], ...], value: Any,
     return tuple(sorted(merged.items()))
 
 
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table with dotted keys (``spark.sql.shuffle.partitions = 8`` is a nested
+    table) as ``{"spark.sql.shuffle.partitions": 8}``."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{name}."))
+        else:
+            out[name] = v
+    return out
+
+
+def _spark_settings(current: tuple[tuple[str, str], ...], value: Any,
+                    origin: str) -> tuple[tuple[str, str], ...]:
+    """Merges a TOML ``[spark]`` table into ``current``: its own keys (:data:`SPARK_KEYS`)
+    and any ``spark.*`` setting (``[spark.conf]`` entries count as ``spark.*`` too)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{origin}: [spark] must be a table")
+    merged = dict(current)
+    for name, v in _flatten(value).items():
+        key = name.removeprefix("conf.")
+        if key not in SPARK_KEYS and not key.startswith("spark."):
+            raise ConfigError(f"{origin}: unknown [spark] setting {name!r}; known: "
+                              f"{sorted(SPARK_KEYS)} and any spark.* setting")
+        if key in ("max_partitions", "spark_min_rows", "spark_min_cost"):
+            try:
+                if float(v) < 0:
+                    raise ValueError("must not be negative")
+            except ValueError as exc:
+                raise ConfigError(f"{origin}: invalid value for spark {key}: {v!r} "
+                                  f"({exc})") from exc
+        merged[key] = str(v).lower() if isinstance(v, bool) else str(v)
+    return tuple(sorted(merged.items()))
+
+
 def _coerce(key: str, value: Any, origin: str) -> Any:
     try:
         if key == "data_dir":
@@ -161,6 +217,11 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             if isinstance(value, bool):
                 return value
             return parse_bool(str(value))
+        if key == "heavy_backend":
+            mode = str(value).strip().lower()
+            if mode not in HEAVY_BACKENDS:
+                raise ValueError(f"must be one of {', '.join(HEAVY_BACKENDS)}")
+            return mode
         return str(value)
     except ValueError as exc:
         raise ConfigError(f"{origin}: invalid value for {key}: {value!r} ({exc})") from exc
@@ -191,6 +252,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             raise ConfigError(f"cannot read config file {p}: {exc}") from exc
         cfg = _apply(cfg, data, str(p))
     env_values = {"listen": env.get("IMP_LISTEN") or None,
-                  "upstream": env.get("IMP_UPSTREAM") or None}
+                  "upstream": env.get("IMP_UPSTREAM") or None,
+                  "heavy_backend": env.get("IMP_HEAVY_BACKEND") or None}
     cfg = _apply(cfg, env_values, "environment")
     return _apply(cfg, flags, "command line")
