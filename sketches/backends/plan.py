@@ -18,8 +18,9 @@ A WHERE conjunct reading several tables (other than the join equalities), a per-
 expression over several tables, ``*`` outputs, DISTINCT aggregates and ``avg`` inside HAVING /
 ORDER BY (PostgreSQL's numeric division scale is not reproduced) are refused.
 
-This module uses ``sketches.sql.parse`` for parsing and printing; it walks the resulting
-pglast nodes only to inline parameters and to translate HAVING / ORDER BY.
+Parameter inlining and the HAVING / ORDER BY translation are
+:mod:`sketches.sql.spark_translate` (the only package importing pglast is ``sketches.sql``);
+this module turns their refusals into :class:`BackendUnsupported`.
 """
 
 from __future__ import annotations
@@ -31,59 +32,26 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
-from pglast import ast
-from pglast.enums import A_Expr_Kind, BoolExprType, NullTestType
 from psycopg import sql
 
 from sketches.backends.base import BackendUnsupported, aggregate_functions
 from sketches.capture import CaptureTarget
-from sketches.errors import UnsupportedQuery
+from sketches.sql import spark_translate
 from sketches.sql.model import ColumnRef, Expression, QueryAnalysis
-from sketches.sql.parse import parse_select, to_sql
+from sketches.sql.spark_translate import ARITHMETIC as ARITHMETIC
+from sketches.sql.spark_translate import COMPARISONS as COMPARISONS
+from sketches.sql.spark_translate import Bin as Bin
+from sketches.sql.spark_translate import BoolOp as BoolOp
+from sketches.sql.spark_translate import IsNull as IsNull
+from sketches.sql.spark_translate import Lit as Lit
+from sketches.sql.spark_translate import Node as Node
+from sketches.sql.spark_translate import Not as Not
+from sketches.sql.spark_translate import NotTranslatable
+from sketches.sql.spark_translate import Ref as Ref
 
 # ---------------------------------------------------------------- expression tree (neutral)
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A column of the backend's frame (an output of a read, a group key or an aggregate)."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Lit:
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Bin:
-    op: str  # = <> < <= > >= + - *
-    left: Node
-    right: Node
-
-
-@dataclass(frozen=True, slots=True)
-class BoolOp:
-    op: str  # and | or
-    args: tuple[Node, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Not:
-    arg: Node
-
-
-@dataclass(frozen=True, slots=True)
-class IsNull:
-    arg: Node
-    negated: bool
-
-
-Node = Ref | Lit | Bin | BoolOp | Not | IsNull
-
-COMPARISONS = frozenset({"=", "<>", "!=", "<", "<=", ">", ">="})
-ARITHMETIC = frozenset({"+", "-", "*"})
+# The tree and its translation live in sketches.sql.spark_translate (only sketches.sql imports
+# pglast); re-exported here for the backends.
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,41 +194,11 @@ def inline_params(text: str, conn: psycopg.Connection[Any],
                   params: Sequence[object] | None) -> str:
     """``text`` (a PostgreSQL expression) with every ``$n`` replaced by the literal psycopg
     prints for ``params[n-1]`` — the same value, so the pushed-down query means the same."""
-    if "$" not in text:
-        return text
-    stmt = parse_select("SELECT " + text)
-    node: Any = stmt.targetList[0].val  # type: ignore[index]
-    _replace_params(node, conn, params)
-    return to_sql(node)
-
-
-def _param_node(number: Any, conn: psycopg.Connection[Any],
-                params: Sequence[object] | None) -> ast.Node:
-    if params is None or not 1 <= number <= len(params):
-        raise BackendUnsupported(f"parameter ${number} is not bound")
-    literal = sql.Literal(params[number - 1]).as_string(conn)
-    node: ast.Node = parse_select("SELECT " + literal).targetList[0].val  # type: ignore[index]
-    return node
-
-
-def _replace_params(node: Any, conn: psycopg.Connection[Any],
-                    params: Sequence[object] | None) -> None:
-    for attr in list(node):
-        value = getattr(node, attr, None)
-        if isinstance(value, ast.ParamRef):
-            setattr(node, attr, _param_node(value.number, conn, params))
-        elif isinstance(value, ast.Node):
-            _replace_params(value, conn, params)
-        elif isinstance(value, tuple):
-            items = []
-            for item in value:
-                if isinstance(item, ast.ParamRef):
-                    items.append(_param_node(item.number, conn, params))
-                else:
-                    if isinstance(item, ast.Node):
-                        _replace_params(item, conn, params)
-                    items.append(item)
-            setattr(node, attr, tuple(items))
+    try:
+        return spark_translate.inline_params(
+            text, lambda v: sql.Literal(v).as_string(conn), params)
+    except NotTranslatable as exc:
+        raise BackendUnsupported(str(exc)) from exc
 
 
 def build_plan(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
@@ -341,67 +279,9 @@ def translate(text: str, names: dict[str, str], avg: frozenset[str],
     """``text`` (HAVING or an ORDER BY key of an aggregate query) as a :data:`Node` over the
     aggregate / group key columns named in ``names`` (keyed by their SQL text)."""
     try:
-        node: Any = parse_select("SELECT " + text).targetList[0].val  # type: ignore[index]
-    except UnsupportedQuery as exc:
-        raise BackendUnsupported(f"cannot parse {text!r}: {exc}") from exc
-    return _translate(node, names, avg, params)
-
-
-_NUMERIC = (int, Decimal, float, bool)
-
-
-def _translate(node: Any, names: dict[str, str], avg: frozenset[str],
-               params: Sequence[object] | None) -> Node:
-    printed = to_sql(node)
-    if printed in avg:
-        raise BackendUnsupported(f"{printed}: avg is not compared in Spark (numeric scale)")
-    if printed in names:
-        return Ref(names[printed])
-    if isinstance(node, ast.A_Const):
-        return Lit(_constant(node))
-    if isinstance(node, ast.ParamRef):
-        number = int(node.number or 0)
-        if params is None or not 1 <= number <= len(params):
-            raise BackendUnsupported(f"parameter ${number} is not bound")
-        value = params[number - 1]
-        if value is not None and not isinstance(value, _NUMERIC):
-            raise BackendUnsupported(f"parameter ${number} of type {type(value).__name__}")
-        return Lit(value)
-    if isinstance(node, ast.A_Expr) and node.kind == A_Expr_Kind.AEXPR_OP \
-            and len(node.name or ()) == 1:
-        op = str(node.name[0].sval)  # type: ignore[index]
-        right = _translate(node.rexpr, names, avg, params)
-        if node.lexpr is None:
-            if op == "-":
-                return Bin("-", Lit(0), right)
-            raise BackendUnsupported(f"prefix operator {op}")
-        if op in COMPARISONS or op in ARITHMETIC:
-            return Bin(op, _translate(node.lexpr, names, avg, params), right)
-        raise BackendUnsupported(f"operator {op}")
-    if isinstance(node, ast.BoolExpr):
-        args = tuple(_translate(a, names, avg, params) for a in node.args or ())
-        if node.boolop == BoolExprType.AND_EXPR:
-            return BoolOp("and", args)
-        if node.boolop == BoolExprType.OR_EXPR:
-            return BoolOp("or", args)
-        return Not(args[0])
-    if isinstance(node, ast.NullTest):
-        return IsNull(_translate(node.arg, names, avg, params),
-                      node.nulltesttype == NullTestType.IS_NOT_NULL)
-    raise BackendUnsupported(f"expression {printed!r} is not evaluated outside PostgreSQL")
-
-
-def _constant(node: Any) -> object:
-    if node.isnull:
-        return None
-    val = node.val
-    if isinstance(val, ast.Integer):
-        return int(val.ival or 0)
-    if isinstance(val, ast.Float):
-        return Decimal(str(val.fval))  # a numeric literal in PostgreSQL
-    if isinstance(val, ast.Boolean):
-        return bool(val.boolval)
-    raise BackendUnsupported(f"constant {to_sql(node)} (only numbers and booleans)")
+        return spark_translate.translate(text, names, avg, params)
+    except NotTranslatable as exc:
+        raise BackendUnsupported(str(exc)) from exc
 
 
 SUPPORTED_VALUE_TYPES = (int, Decimal, float, str, bool, dt.date, dt.datetime)
