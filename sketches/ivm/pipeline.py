@@ -3,10 +3,12 @@
 Lifecycle (all calls take a connection inside a REPEATABLE READ transaction; the pipeline
 never commits):
 
-* ``build_state(conn)`` at capture: pushed-down queries (``GROUP BY g, fragment`` partial
+* ``build_state(conn, seed=None)`` at capture: pushed-down queries (``GROUP BY g, fragment`` partial
   aggregates, top-l value multisets for min/max, top-l rows WITH TIES for top-k) fill the
   operators' state; the version becomes ``pg_current_snapshot()``. Every table must be tracked
-  (``imp.track_table``) in a transaction committed before this snapshot was taken.
+  (``imp.track_table``) in a transaction committed before this snapshot was taken. A ``seed``
+  (``sketches.backends.base.AggregateState`` built by Spark in the same snapshot) replaces the
+  aggregate operator's queries.
 * ``maintain(conn) -> SketchDelta``: fetches the deltas since the version in conn's snapshot,
   steps the operators, advances the version. A query calls it in its own snapshot.
 * ``sketch()``: the current fragment sets (one per target, in target order).
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -38,6 +40,9 @@ from sketches.ivm.ops.scan import Scan
 from sketches.ivm.ops.topk import TopK
 from sketches.ivm.plan import PlanSpec
 from sketches.ivm.zset import Ann, Entry, Row, ZSet
+
+if TYPE_CHECKING:
+    from sketches.backends.base import AggregateState
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +186,20 @@ class Pipeline:
         for t in self.spec.tables:
             deltas.ensure_tracked(conn, t.relation)
 
-    def build_state(self, conn: Conn) -> tuple[frozenset[int], ...]:
-        """Builds every operator's state in conn's snapshot; returns the sketch."""
+    def build_state(self, conn: Conn,
+                    seed: AggregateState | None = None) -> tuple[frozenset[int], ...]:
+        """Builds every operator's state in conn's snapshot; returns the sketch.
+
+        ``seed``: the aggregate operator's state already built elsewhere in this very snapshot
+        (the Spark backend, ``RoutedBackend.spark_state``); it replaces the pushed-down
+        partial-aggregate queries. A seed of another snapshot or shape is ignored (logged)."""
         version = deltas.require_snapshot(conn)
         infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
+        seed = self._usable_seed(seed, version)
         self._reset()
         self._conn = conn
         try:
-            out = self._initial_output()
+            out = self._initial_output(seed)
             self.merge.step(out)
         finally:
             self._conn = None
@@ -201,11 +212,28 @@ class Pipeline:
     def _all(self) -> list[int]:
         return list(range(len(self.spec.tables)))
 
-    def _initial_output(self) -> ZSet:
+    def _usable_seed(self, seed: AggregateState | None,
+                     version: str) -> AggregateState | None:
+        if seed is None:
+            return None
+        functions = tuple(a.func for a in self.spec.aggs)
+        if self.spec.kind != "aggregate" or seed.version != version \
+                or seed.slots != self.spec.slots or seed.functions != functions:
+            log.warning("aggregate state seed from %s ignored (version %s, functions %s, %d"
+                        " slot(s); the pipeline needs %s, %s, %d): built in PostgreSQL",
+                        seed.backend or "?", seed.version, seed.functions, seed.slots,
+                        version, functions, self.spec.slots)
+            return None
+        return seed
+
+    def _initial_output(self, seed: AggregateState | None = None) -> ZSet:
         spec = self.spec
         frags = self._frag_cols(self._all())
         if self.aggregate is not None:
-            self._load_aggregate(frags)
+            if seed is not None:
+                seed.load_into(self.aggregate)
+            else:
+                self._load_aggregate(frags)
             out = self.aggregate.current_output()
             return self._above_aggregate(out)
         if self.distinct is not None:
