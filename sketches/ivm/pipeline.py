@@ -30,6 +30,7 @@ from psycopg import sql
 from sketches import deltas
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
+from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.aggregate import Aggregate
 from sketches.ivm.ops.distinct import Distinct
 from sketches.ivm.ops.having import Having
@@ -71,12 +72,28 @@ class _PgJoinBackend:
     def advance(self, left: ZSet, right: ZSet) -> None:
         """Nothing to do: PostgreSQL's snapshot already holds the new state."""
 
+    def _filtered(self, keys: set[Key], side: int) -> set[Key]:
+        filt = self.pipeline.filters[self.step][side]
+        if filt is None:
+            return keys
+        kept = {k for k in keys if k[0] in filt}
+        self.pipeline.stats["keys_filtered"] += len(keys) - len(kept)
+        if not kept:
+            self.pipeline.stats["lookups_skipped"] += 1
+        return kept
+
     def left_matching(self, keys: set[Key]) -> ZSet:
         js = self.pipeline.spec.joins[self.step]
+        keys = self._filtered(keys, 0)
+        if not keys:
+            return ZSet()
         return self.pipeline.current(range(self.step + 1), [_in_list(js.left_sql, keys)])
 
     def right_matching(self, keys: set[Key]) -> ZSet:
         js = self.pipeline.spec.joins[self.step]
+        keys = self._filtered(keys, 1)
+        if not keys:
+            return ZSet()
         return self.pipeline.current([self.step + 1], [_in_list(js.right_sql, keys)])
 
 
@@ -87,6 +104,8 @@ class Pipeline:
         self.relids: tuple[int, ...] = ()
         self.epochs: tuple[int, ...] = ()
         self.broken = False
+        self.stats: dict[str, int] = {"keys_filtered": 0, "lookups_skipped": 0}
+        self.filters: list[tuple[KeyFilter | None, KeyFilter | None]] = []
         self.applied = 0
         """Delta rows applied by the last ``maintain`` (0: nothing changed)."""
         self._conn: Conn | None = None
@@ -125,6 +144,7 @@ class Pipeline:
             limit = opts.topk_buffer or max(2 * spec.k, spec.k + 64)
             self.topk = TopK(spec.order, spec.k, buffer_limit=limit, refill=self._refill_top)
         self.merge = Merge(s)
+        self.filters = [(None, None) for _ in spec.joins]
 
     # ---- SQL over the current snapshot --------------------------------------------------
     def _from_where(self, positions: Sequence[int],
@@ -201,6 +221,7 @@ class Pipeline:
         try:
             out = self._initial_output(seed)
             self.merge.step(out)
+            self._build_filters()
         finally:
             self._conn = None
         self.version = version
@@ -208,6 +229,40 @@ class Pipeline:
         self.epochs = tuple(i.epoch for i in infos)
         log.debug("built state at %s: %s", version, [len(s) for s in self.sketch()])
         return self.sketch()
+
+    def _filter_columns(self, step: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """((table pos, payload index) of the left key, same for the right key) of a join with
+        a single-column key, else None (no filter)."""
+        js = self.spec.joins[step]
+        if not self.spec.options.join_filter or len(js.left_sql) != 1 or len(js.left_pos) != 1:
+            return None
+        lpos = js.left_pos[0]
+        return ((lpos, self.spec.tables[lpos].payload.index(js.left_sql[0])),
+                (step + 1, js.right_key[0]))
+
+    def _build_filters(self) -> None:
+        """Distinct key values of each side's base table (a superset of the side's keys)."""
+        for step in range(len(self.spec.joins)):
+            cols = self._filter_columns(step)
+            if cols is None:
+                continue
+            built: list[KeyFilter] = []
+            for pos, idx in cols:
+                t = self.spec.tables[pos]
+                query = sql.SQL("SELECT DISTINCT {} {}").format(
+                    _raw(t.payload[idx]), self._from_where([pos]))
+                built.append(KeyFilter(r[0] for r in self._run(query)))
+            self.filters[step] = (built[0], built[1])
+
+    def _extend_filters(self, fetched: Sequence[ZSet]) -> None:
+        """Adds the keys of inserted delta rows (never removes: a superset stays valid)."""
+        for step, (left, right) in enumerate(self.filters):
+            cols = self._filter_columns(step)
+            if cols is None:
+                continue
+            for filt, (pos, idx) in zip((left, right), cols, strict=True):
+                if filt is not None:
+                    filt.update(r[idx] for r, _a, w in fetched[pos] if w > 0)
 
     def _all(self) -> list[int]:
         return list(range(len(self.spec.tables)))
@@ -409,6 +464,7 @@ class Pipeline:
         self._conn = conn
         self.broken = True
         try:
+            self._extend_filters(fetched)
             change = self.merge.step(self._step(fetched))
         finally:
             self._conn = None
@@ -454,7 +510,9 @@ class Pipeline:
             raise PipelineBroken("nothing consistent to persist")
         return {"format": FORMAT, "plan": self.spec.fingerprint(), "version": self.version,
                 "relids": list(self.relids), "epochs": list(self.epochs),
-                "ops": {k: op.snapshot() for k, op in self._stateful().items()}}
+                "ops": {k: op.snapshot() for k, op in self._stateful().items()},
+                "filters": [[None if f is None else f.snapshot() for f in pair]
+                            for pair in self.filters]}
 
     def restore(self, state: dict[str, Json]) -> None:
         if state.get("format") != FORMAT or state.get("plan") != self.spec.fingerprint():
@@ -464,6 +522,11 @@ class Pipeline:
             raise StateFormatError("persisted state has other operators")
         for k, op in ops.items():
             op.restore(state["ops"][k])
+        filters = state.get("filters") or [[None, None] for _ in self.spec.joins]
+        if len(filters) != len(self.spec.joins):
+            raise StateFormatError("persisted join filters do not match the plan")
+        self.filters = [(None if a is None else KeyFilter.restore(a),
+                         None if b is None else KeyFilter.restore(b)) for a, b in filters]
         self.version = str(state["version"])
         self.relids = tuple(int(r) for r in state["relids"])
         self.epochs = tuple(int(e) for e in state["epochs"])

@@ -49,10 +49,13 @@ class SketchTarget:
 @dataclass(frozen=True, slots=True)
 class Options:
     """``minmax_buffer``: distinct values kept per group for min/max (None: all);
-    ``topk_buffer``: tuples kept by a top-k over base rows (None: ``max(2k, k + 64)``)."""
+    ``topk_buffer``: tuples kept by a top-k over base rows (None: ``max(2k, k + 64)``);
+    ``join_filter``: key membership filters skip partner lookups that cannot match
+    (:mod:`sketches.ivm.keyfilter`; single-column join keys)."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
+    join_filter: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class JoinSpec:
     right_key: tuple[int, ...]
     left_sql: tuple[str, ...]
     right_sql: tuple[str, ...]
+    left_pos: tuple[int, ...] = ()     # join-order position of each left key column's table
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,13 +218,15 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
         for pos in ([b.pos_of_table[used.pop()]] if used else range(len(b.order))):
             where[pos].append(b.bind(w.sql))
     def positions() -> tuple[list[tuple[int, tuple[int, ...], list[int], tuple[str, ...],
-                                       tuple[str, ...]]], str, dict[str, object]]:
+                                       tuple[str, ...], tuple[int, ...]]], str,
+                             dict[str, object]]:
         pending = []
         for step, (left, right) in enumerate(joins_raw, start=1):
             t = b.order[step]
             lpos = tuple(b.need(tab, text) for tab, text in left)
             rpos = [b.need(t, text) for text in right]
-            pending.append((step, lpos, rpos, tuple(x for _, x in left), tuple(right)))
+            pending.append((step, lpos, rpos, tuple(x for _, x in left), tuple(right),
+                            tuple(b.pos_of_table[tab] for tab, _ in left)))
         kind, extra = _upper(analysis, b, options)
         return pending, kind, extra
 
@@ -229,8 +235,8 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
     join_specs_pending, kind, extra = positions()
     offsets = [b._offset(p) for p in range(len(b.order))]
     joins = tuple(
-        JoinSpec(lpos, tuple(r - offsets[step] for r in rpos), lsql, rsql)
-        for step, lpos, rpos, lsql, rsql in join_specs_pending)
+        JoinSpec(lpos, tuple(r - offsets[step] for r in rpos), lsql, rsql, ltabs)
+        for step, lpos, rpos, lsql, rsql, ltabs in join_specs_pending)
     tables: list[TableSpec] = []
     for pos, t in enumerate(b.order):
         ref = analysis.tables[t]

@@ -336,3 +336,21 @@ def test_truncate_invalidates(db: str) -> None:
         c.execute("TRUNCATE s1")
     with snapshot_conn(db) as c, pytest.raises(Invalidated):
         pipe.maintain(c)
+
+
+def test_join_filter_skips_lookups_without_partners(db: str) -> None:
+    reset(db, ("r", "s"), seed_join)
+    pipe = build(db, JOIN)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("INSERT INTO s VALUES (500, 900, 7)")      # no r with id 900
+    check(db, pipe, JOIN)
+    assert pipe.stats["lookups_skipped"] >= 1
+    with psycopg.connect(db, autocommit=True) as c:       # now give it a partner
+        c.execute("INSERT INTO r VALUES (900, 1, 0)")
+    check(db, pipe, JOIN)
+    off = compile(analyse(JOIN.query), JOIN.targets, None,
+                  Options(minmax_buffer=1, join_filter=False))
+    with snapshot_conn(db) as c:
+        off.build_state(c)
+        assert off.filters == [(None, None)] and off.sketch() == pipe.sketch()
+        c.commit()
