@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from sketches import deltas, incremental
+from sketches.backends.base import BackendError
+from sketches.capture import CaptureTarget
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
 from sketches.ivm.pipeline import Pipeline
@@ -32,6 +34,7 @@ from sketches.sql import QueryAnalysis
 from sketches.sql.template import TemplateInstance
 
 if TYPE_CHECKING:
+    from sketches.backends.base import AggregateState, ExecutionBackend
     from sketches.manager import SketchSettings
 
 log = logging.getLogger(__name__)
@@ -68,11 +71,18 @@ class Template:
     entries: list[Entry] = field(default_factory=list)
 
 
+def capture_targets(sketch: Sketch) -> list[CaptureTarget]:
+    """The capture targets of a sketch's parts (for the heavy backend's jobs)."""
+    return [CaptureTarget(p.table, p.schema, p.column, p.partition, p.nullable)
+            for p in sketch.parts]
+
+
 class IncrementalMaintenance:
     """Mixin of ``SketchManager``: strategies, pipelines, the background thread's seam."""
 
     settings: SketchSettings
     maintenance: MaintenanceStrategy
+    backend: ExecutionBackend
     _custom: bool
     _lock: threading.Lock
     _templates: dict[str, Template]
@@ -138,7 +148,8 @@ class IncrementalMaintenance:
                     return True
             except IvmError as exc:
                 log.info("sketch %s: persisted state unusable (%s): rebuilding", sketch.id, exc)
-        frags = pipeline.build_state(conn)
+        frags = pipeline.build_state(conn, self._seed(
+            conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
         self._seconds["capture_seconds"] += time.perf_counter() - started
         entry.pipeline = pipeline
         entry.captures += 1
@@ -148,6 +159,23 @@ class IncrementalMaintenance:
         self._save_state(conn, entry)
         self._ensure_background()
         return True
+
+    def _seed(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+              targets: Sequence[CaptureTarget], params: Sequence[object] | None,
+              pipeline: Pipeline) -> AggregateState | None:
+        """The aggregate state built by the heavy backend (Spark) when it takes the job, for
+        ``Pipeline.build_state(conn, seed)``; None: the pipeline builds it in PostgreSQL (the
+        backend logged and recorded why)."""
+        spark_state = getattr(self.backend, "spark_state", None)
+        if spark_state is None or pipeline.spec.kind != "aggregate":
+            return None
+        try:
+            seed: AggregateState | None = spark_state(
+                conn, analysis, targets, params, pipeline.spec.options.minmax_buffer)
+        except BackendError as exc:  # e.g. a relation the backend cannot resolve
+            log.info("aggregate state built in PostgreSQL: %s", exc)
+            return None
+        return seed
 
     def _maintain(self, conn: psycopg.Connection[Any], entry: Entry) -> Sketch | str | None:
         """``maintain`` in conn's snapshot (the caller holds the template lock)."""

@@ -39,7 +39,9 @@ from typing import Any
 import psycopg
 
 from sketches import catalog, freshness, incremental, lookup
-from sketches.capture import CaptureTarget, capture
+from sketches.backends.base import BackendError, ExecutionBackend
+from sketches.backends.postgres import PostgresBackend
+from sketches.capture import CaptureTarget
 from sketches.errors import CaptureError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
@@ -107,8 +109,12 @@ class SketchManager(IncrementalMaintenance):
     maintenance: :class:`sketches.maintained.IncrementalMaintenance`."""
 
     def __init__(self, settings: SketchSettings | None = None,
-                 maintenance: MaintenanceStrategy | None = None) -> None:
+                 maintenance: MaintenanceStrategy | None = None,
+                 backend: ExecutionBackend | None = None) -> None:
         self.settings = settings or SketchSettings()
+        self.backend: ExecutionBackend = backend or PostgresBackend()
+        """Where captures and aggregate-state builds run (``sketches.backends``: PostgreSQL,
+        or ``routing.RoutedBackend`` choosing PostgreSQL or Spark per job)."""
         self.maintenance: MaintenanceStrategy = maintenance or RecaptureOnChange()
         self._custom = maintenance is not None  # a hook given by the caller decides alone
         self._conninfo: dict[str, Any] | None = None
@@ -307,7 +313,8 @@ class SketchManager(IncrementalMaintenance):
                 log.info("not maintained incrementally (%s): %s", exc, sql[:80])
         started = time.perf_counter()
         if pipeline is not None and incremental.tracked(conn, pipeline):
-            frags = pipeline.build_state(conn)
+            frags = pipeline.build_state(
+                    conn, self._seed(conn, analysis, targets, params, pipeline))
             parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition, f, t.nullable)
                           for t, f in zip(targets, frags, strict=True))
             version = pipeline.version or ""
@@ -317,7 +324,7 @@ class SketchManager(IncrementalMaintenance):
                 assert entry.session is not None
                 self._queue_tracking(pipeline, entry.session)
             try:
-                result = capture(conn, sql, analysis, targets, params)
+                result = self.backend.capture(conn, sql, analysis, targets, params)
             except CaptureError:
                 with self._lock:  # e.g. DDL changed a column: rebuild its partition next time
                     for t in targets:
@@ -493,7 +500,32 @@ class SketchManager(IncrementalMaintenance):
                 out[key] = round(self._seconds[key], 4)
             out["incremental_sketches"] = sum(
                 1 for t in self._templates.values() for e in t.entries if e.pipeline)
+        backend_stats = getattr(self.backend, "stats", None)
+        if callable(backend_stats):  # heavy backend: mode, Spark status, jobs, fallbacks
+            out.update(backend_stats())
+        else:
+            out["heavy_backend"] = self.backend.name
         return out
+
+    def explain_backend(self, conn: psycopg.Connection[Any], sql: str,
+                        params: Sequence[object] | None = None) -> list[tuple[str, object]]:
+        """``IMP EXPLAIN`` rows ``heavy_backend`` / ``heavy_backend_reason``: where a capture
+        of ``sql`` would run now, and why (in conn's snapshot; nothing is run or recorded)."""
+        explain = getattr(self.backend, "explain", None)
+        if explain is None:
+            return [("heavy_backend", self.backend.name),
+                    ("heavy_backend_reason", "the only backend configured")]
+        try:
+            analysis, safety = self._analyse(conn, sql)
+            if not safety.sketchable:
+                return [("heavy_backend", None), ("heavy_backend_reason", safety.reason)]
+            targets = self._targets(conn, analysis, safety)
+            choice = explain(conn, sql, analysis, targets,
+                             tuple(params) if params is not None else None)
+        except (SketchError, BackendError) as exc:
+            return [("heavy_backend", None), ("heavy_backend_reason", str(exc))]
+        log.info("heavy backend for %s: %s (%s)", sql[:80], choice.backend, choice.reason)
+        return [("heavy_backend", choice.backend), ("heavy_backend_reason", choice.reason)]
 
     def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
         found = False
