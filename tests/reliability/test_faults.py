@@ -463,7 +463,7 @@ def test_two_proxies_and_a_rolling_restart(launch: LaunchProxy, fresh_db: Any) -
     _load_table(direct, 50_000)
     proxies = [launch(upstream=direct), launch(upstream=direct)]
     rng = random.Random(77)
-    for step in range(24):
+    for step in range(16):
         with psycopg.connect(direct, autocommit=True) as c:
             c.execute("UPDATE t SET v = v + %s WHERE g = %s AND v %% 7 = 0",
                       (rng.randint(-20_000, 90_000), rng.randrange(1000)))
@@ -472,7 +472,7 @@ def test_two_proxies_and_a_rolling_restart(launch: LaunchProxy, fresh_db: Any) -
         order = proxies if step % 2 else proxies[::-1]
         for p in order:
             _assert_exact(via_proxy(direct, p.port), direct)
-        if step == 12:
+        if step == 8:
             proxies[0].stop()
             proxies[0] = launch(upstream=direct)
     used = sum(_stat(via_proxy(direct, p.port), "proxy.used") for p in proxies)
