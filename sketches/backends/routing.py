@@ -219,12 +219,22 @@ class RoutedBackend:
             lambda: self.postgres.match_rows(conn, request, keys))
 
     def stats(self) -> dict[str, object]:
+        """``IMP SHOW STATS`` rows: the mode, Spark's state and why, job counters
+        (``<job>_<ran on>``, ``spark_fallbacks``) and the last decision with its reason."""
         ready, status = self.spark_status()
         with self._lock:
             out: dict[str, object] = dict(self.counters)
+            last = self.decisions[-1] if self.decisions else None
         out.update({"heavy_backend": self.cost.mode, "spark_ready": ready,
                     "spark_status": status})
+        if last is not None:
+            out["heavy_backend_last"] = f"{last.job} on {last.ran_on}: {last.reason}"
         return out
+
+    def close(self) -> None:
+        """Stops the Spark session, if one was started (the proxy's shutdown)."""
+        if self.spark is not None and self.spark.runtime.state != "stopped":
+            self.spark.runtime.stop()
 
 
 def make_heavy_backend(mode: str = "auto", spark_table: dict[str, Any] | None = None,
