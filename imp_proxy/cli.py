@@ -1,7 +1,7 @@
 """``imp-proxy`` command line: ``serve``, ``install``, ``demo``.
 
-Configuration precedence: flags > environment (IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG) > TOML
-config file > defaults (see imp_proxy.config).
+Configuration precedence: flags > environment (IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG,
+IMP_HEAVY_BACKEND) > TOML config file > defaults (see imp_proxy.config).
 """
 
 from __future__ import annotations
@@ -17,11 +17,16 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sketches.cost import MODES as HEAVY_BACKENDS
 
 from .config import ConfigError, ProxyConfig, load_config, parse_bool
 from .embedded import EmbeddedPostgresError, LocalPostgres
 from .router import PerDatabase, SketchHook
+
+if TYPE_CHECKING:
+    from sketches.backends.routing import RoutedBackend
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="imp-proxy",
         description="PostgreSQL wire-compatible proxy that answers analytical SELECTs through "
                     "provenance sketches (IMP).",
-        epilog="Environment: IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG. Flags win over the "
-               "environment, which wins over the TOML config file.")
+        epilog="Environment: IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG, IMP_HEAVY_BACKEND "
+               "(and IMP_SPARK_MASTER, IMP_SPARK_CONF, IMP_SPARK_JDBC_JAR, IMP_SPARK_JDBC_URL "
+               "for the Spark backend). Flags win over the environment, which wins over the "
+               "TOML config file.")
     parser.add_argument("--log-level", default="INFO",
                         help="logging level: DEBUG, INFO, WARNING, ERROR (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--library-setting", dest="library", action="append", metavar="NAME=VALUE",
                        help="sketch library setting (sketches.manager.SketchSettings), "
                             "repeatable, e.g. capture_after=3 or fragments=500")
+    serve.add_argument("--heavy-backend", choices=HEAVY_BACKENDS,
+                       help="where heavy sketch jobs (capture, operator state) run: auto "
+                            "(PostgreSQL unless the cost model picks Spark for a large job), "
+                            "postgres, or spark (falls back to PostgreSQL when Spark fails); "
+                            "default auto (env IMP_HEAVY_BACKEND; Spark settings: the TOML "
+                            "[spark] table, IMP_SPARK_MASTER, IMP_SPARK_CONF; docs/SPARK.md)")
     serve.add_argument("--service-pool-size", type=int, metavar="N",
                        help="service connections per database (default 4)")
     serve.add_argument("--decision-cache-size", type=int, metavar="N",
@@ -100,13 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("listen", "upstream", "config", "data_dir", "tls_cert", "tls_key",
             "max_message_size", "sketches", "service_pool_size", "decision_cache_size",
-            "connect_timeout", "startup_timeout", "library")
+            "connect_timeout", "startup_timeout", "library", "heavy_backend")
     return {k: getattr(args, k, None) for k in keys}
 
 
-def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = ()) -> SketchHook | None:
+def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = (),
+              heavy_backend: str = "auto",
+              spark: Sequence[tuple[str, str]] = ()) -> SketchHook | None:
     """The sketch hook: ``MODULE:CALLABLE`` or SketchManager when the library is present
-    (with ``library`` overriding fields of its SketchSettings)."""
+    (with ``library`` overriding fields of its SketchSettings, and the heavy backend built
+    from ``heavy_backend`` and the ``[spark]`` settings ``spark``)."""
     if spec:
         module, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(module), attr or "create_hook")
@@ -118,8 +134,49 @@ def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = ()) -> Sket
         log.warning("sketch library not available (%s): relaying only", exc)
         return None
     settings = library_settings(manager_mod.SketchSettings, library)
-    # one manager per database: its sketches and catalog belong to that database
-    return PerDatabase(lambda: manager_mod.SketchManager(settings))
+    backend = make_backend(heavy_backend, spark)
+    # one manager per database: its sketches and catalog belong to that database; the heavy
+    # backend is shared (thread-safe: decisions under a lock, one Spark session per process)
+    return PerDatabase(lambda: manager_mod.SketchManager(settings, backend=backend))
+
+
+def make_backend(mode: str, spark: Sequence[tuple[str, str]] = ()) -> RoutedBackend:
+    """``sketches.backends.routing.make_heavy_backend`` from the proxy's configuration: the
+    ``[spark]`` table's cost thresholds go to the cost model, the rest to the Spark settings
+    (over which the IMP_SPARK_* environment wins). Never imports pyspark; in ``spark`` mode
+    the session starts now, in the background."""
+    from sketches.backends.routing import make_heavy_backend
+    from sketches.cost import CostSettings
+
+    table: dict[str, str] = dict(spark)
+    defaults = CostSettings()
+    try:
+        cost = CostSettings(
+            mode=mode,
+            spark_min_rows=float(table.pop("spark_min_rows", defaults.spark_min_rows)),
+            spark_min_cost=float(table.pop("spark_min_cost", defaults.spark_min_cost)))
+        backend = make_heavy_backend(mode, table, cost)
+    except ValueError as exc:
+        raise ConfigError(f"heavy backend: {exc}") from exc
+    if backend.spark is None:
+        log.info("heavy backend: %s (every heavy job runs in PostgreSQL)", mode)
+    else:
+        log.info("heavy backend: %s (Spark master %s; auto picks Spark for jobs of >= %s rows "
+                 "and plan cost >= %s)", mode, backend.spark.settings.master,
+                 f"{cost.spark_min_rows:,.0f}", f"{cost.spark_min_cost:,.0f}")
+    return backend
+
+
+def close_backends(hook: SketchHook | None) -> None:
+    """Stops the heavy backend(s) of the hook's managers (the Spark session) at shutdown."""
+    hooks = hook.hooks() if isinstance(hook, PerDatabase) else [hook]
+    closed: set[int] = set()
+    for h in hooks:
+        backend = getattr(h, "backend", None)
+        close = getattr(backend, "close", None)
+        if callable(close) and id(backend) not in closed:
+            closed.add(id(backend))
+            close()
 
 
 def library_settings(settings_cls: Any, overrides: Sequence[tuple[str, str]]) -> Any:
@@ -186,7 +243,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import ProxyServer, ProxyStartError, new_event_loop
 
     cfg = load_config(_flags(args))
-    hook = load_hook(args.hook, cfg.library) if cfg.sketches else None
+    hook = load_hook(args.hook, cfg.library, cfg.heavy_backend, cfg.spark) \
+        if cfg.sketches else None
     with upstream_or_embedded(cfg) as cfg:
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
@@ -205,6 +263,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             loop.run_until_complete(task)
         loop.run_until_complete(server.close())
         loop.close()
+        close_backends(hook)
     return 0
 
 
