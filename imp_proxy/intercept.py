@@ -177,10 +177,11 @@ async def _rollback(s: Session) -> None:
     await s.exchange_with_upstream(codec.encode_query("ROLLBACK"), 1)
 
 
-async def begin_and_prepare(s: Session, sql: str, bind: Bind | None,
-                            types: tuple[int, ...]) -> tuple[PrepareOutcome, tuple[int, ...]]:
+async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tuple[int, ...],
+                            explain: bool = False) -> tuple[PrepareOutcome, tuple[int, ...]]:
     """Steps 1–2 of the wrapping. On return the client's backend is inside the proxy's
-    REPEATABLE READ transaction; on Fallback it has been rolled back."""
+    REPEATABLE READ transaction; on Fallback it has been rolled back. ``explain``: the
+    outcome also carries the heavy backend's choice (IMP EXPLAIN)."""
     payload = codec.encode_query(BEGIN_SNAPSHOT)
     ready = 1
     if bind is not None:
@@ -205,7 +206,8 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None,
             await _rollback(s)
             raise Fallback("a parameter cannot be decoded")
     try:
-        outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params)
+        outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
+                                         explain=explain)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)
@@ -392,7 +394,7 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
             return [("decision", "passthrough"), ("reason", denied), ("sketch_id", None),
                     ("instrumented_sql", None), *rows]
         try:
-            outcome, _ = await begin_and_prepare(s, sql, None, ())
+            outcome, _ = await begin_and_prepare(s, sql, None, (), explain=True)
         except Fallback as exc:
             return [("decision", "passthrough"), ("reason", str(exc)), ("sketch_id", None),
                     ("instrumented_sql", None), *rows]
@@ -401,7 +403,7 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
         s.leave_parse_mode()
     return [("decision", outcome.decision), ("reason", outcome.reason),
             ("sketch_id", outcome.sketch_id), ("instrumented_sql", outcome.instrumented_sql),
-            *rows]
+            *rows, *outcome.details]
 
 
 async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:

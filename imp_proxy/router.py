@@ -82,6 +82,9 @@ class PrepareOutcome:
     reason: str
     sketch_id: int | None
     instrumented_sql: str | None
+    details: tuple[tuple[str, object], ...] = ()
+    """Extra ``IMP EXPLAIN`` rows (the hook's optional ``explain_backend``: where a capture
+    would run, and why)."""
 
 
 class PerDatabase:
@@ -264,12 +267,14 @@ class Router:
         return Decision(bool(c.candidate), str(c.reason), c.template)
 
     async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
-                      params: Sequence[object] | None) -> PrepareOutcome:
+                      params: Sequence[object] | None, explain: bool = False) -> PrepareOutcome:
+        """``explain``: also ask the hook where a capture would run (``IMP EXPLAIN``)."""
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
-                                       sql, params)
+                                       sql, params, explain)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
-                          params: Sequence[object] | None) -> PrepareOutcome:
+                          params: Sequence[object] | None,
+                          explain: bool = False) -> PrepareOutcome:
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
@@ -281,12 +286,31 @@ class Router:
                 if search_path is not None:
                     conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
                 p = hook.prepare(conn, sql, params, search_path)
+                details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # keep the original error
                     conn.execute("ROLLBACK")
                 raise
-        return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql)
+        return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql,
+                              details)
+
+    def _explain_backend(self, dbname: str, conn: psycopg.Connection[Any], sql: str,
+                         params: Sequence[object] | None) -> tuple[tuple[str, object], ...]:
+        """The hook's optional ``explain_backend(conn, sql, params)`` rows (heavy_backend,
+        heavy_backend_reason); a failure there only shows as the reason."""
+        fn = getattr(self._hook_for(dbname), "explain_backend", None)
+        if fn is None:
+            return ()
+        try:
+            conn.execute("SAVEPOINT imp_explain_backend")
+            rows = tuple((str(k), v) for k, v in fn(conn, sql, params))
+            conn.execute("RELEASE SAVEPOINT imp_explain_backend")
+        except psycopg.Error as exc:
+            log.warning("explaining the heavy backend failed: %s", exc)
+            conn.execute("ROLLBACK TO SAVEPOINT imp_explain_backend")
+            return (("heavy_backend", None), ("heavy_backend_reason", f"unknown: {exc}"))
+        return rows
 
     async def drop(self, dbname: str, sketch_id: int) -> bool:
         return await asyncio.to_thread(self._with_service, dbname,
