@@ -112,7 +112,7 @@ def create_tables(conn: Conn, rows: int, seed: int, cap_div: int = 2) -> Groups:
     conn.execute(sql.SQL("SELECT setseed({})").format(sql.Literal((seed % 1000) / 1000.0)))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}, {}").format(
         sql.Identifier(R), sql.Identifier(S), sql.Identifier(T)))
-    cols = [sql.SQL("id bigint PRIMARY KEY"), sql.SQL("a int NOT NULL"),
+    cols: list[sql.Composable] = [sql.SQL("id bigint PRIMARY KEY"), sql.SQL("a int NOT NULL"),
             sql.SQL("g50 int NOT NULL"), sql.SQL("g5k int NOT NULL"),
             sql.SQL("g500k int NOT NULL")]
     cols += [sql.SQL("{} int NOT NULL").format(sql.Identifier(n)) for n, _s, _g in VALUES]
