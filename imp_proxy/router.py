@@ -113,7 +113,7 @@ class PerDatabase:
             if hook is None:
                 hook = self._factory()
                 for name, value in self._settings:
-                    hook.configure(name, value)  # type: ignore[attr-defined]
+                    hook.configure(name, value)
                 self._hooks[dbname] = hook
             return hook
 
