@@ -452,6 +452,47 @@ def test_capture_failing_inside_postgres_passes_through(launch: LaunchProxy, fre
         c.execute(f"DROP ROLE {role}")
 
 
+def test_maintenance_failing_inside_postgres_passes_through(launch: LaunchProxy,
+                                                            fresh_db: Any) -> None:
+    """Sketches exist and are maintained; then the deltas cannot be read (another session
+    holds the audit table and the operator state locked, the service role has a
+    lock_timeout): queries after new writes still get exact answers by passing through, and
+    maintenance resumes once the lock is gone."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    role = f"svc_maint_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+        c.execute(f"ALTER ROLE {role} SET lock_timeout = '50ms'")
+    p = launch(upstream=psycopg.conninfo.make_conninfo(direct, user=role))
+    proxied = via_proxy(direct, p.port, user="postgres")
+    _assert_exact(proxied, direct)
+    _assert_exact(proxied, direct)
+    _write(direct)
+    _assert_exact(proxied, direct)  # maintained (or recaptured) without trouble
+    used = _stat(proxied, "proxy.used")
+    assert used > 0
+    audits = [r[0] for r in _rows(direct, "SELECT audit_table::text FROM imp.tracked_tables")]
+    _write(direct, (11, 12))  # before the lock: the audit triggers need the audit table
+    locker = psycopg.connect(direct)
+    try:
+        locker.execute(("LOCK TABLE " + ", ".join(
+            ["imp.sketches", "imp.ivm_state", *audits]) + " IN ACCESS EXCLUSIVE MODE").encode())
+        fallbacks = _stat(proxied, "proxy.fallbacks")
+        _assert_exact(proxied, direct)
+        assert _stat(proxied, "proxy.fallbacks") > fallbacks, "maintenance must have failed"
+    finally:
+        locker.rollback()
+        locker.close()
+    _assert_exact(proxied, direct)
+    assert _stat(proxied, "proxy.used") > used, "the sketch path resumes after the lock"
+    p.stop()
+    with psycopg.connect(direct, autocommit=True) as c:  # it installed schema imp here
+        c.execute(f"REASSIGN OWNED BY {role} TO postgres")
+        c.execute(f"DROP OWNED BY {role}")
+        c.execute(f"DROP ROLE {role}")
+
+
 # ---------------------------------------------------------------- two proxies, rolling restart
 
 @pytest.mark.slow
