@@ -27,6 +27,7 @@ import psycopg
 
 from sketches import deltas, incremental
 from sketches.ivm.errors import IvmError
+from sketches.maintained import ENGINE_BUGS
 
 if TYPE_CHECKING:
     from sketches.maintained import Entry as _Entry
@@ -131,6 +132,9 @@ class Background(threading.Thread):
                     if not due and pipeline.pending(conn) < m.settings.batch_size:
                         return
                     pipeline.maintain(conn)
+                except ENGINE_BUGS as exc:
+                    m._engine_bug(entry, exc)
+                    return
                 except (IvmError, deltas.DeltaError) as exc:
                     # VersionAhead cannot happen (this snapshot is newer); anything else
                     # leaves the sketch to the next query, which recaptures

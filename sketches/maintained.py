@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Python-level failures of the engine (not database errors, which abort the transaction and
+# propagate to the caller): the sketch is kept exact by recapture instead.
+ENGINE_BUGS = (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
+               AssertionError)
+
 
 @dataclass
 class Entry:
@@ -97,6 +102,12 @@ class IncrementalMaintenance:
     def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
         raise NotImplementedError
 
+    def _cross_check(self, conn: psycopg.Connection[Any], entry: Entry, sql: str,
+                     analysis: QueryAnalysis, targets: list[CaptureTarget],
+                     params: Sequence[object] | None,
+                     frags: tuple[frozenset[int], ...]) -> tuple[frozenset[int], ...] | None:
+        raise NotImplementedError
+
     # ---- incremental maintenance (docs/MAINTENANCE.md) ----------------------------------
 
     def strategy_of(self, entry: Entry) -> str:
@@ -148,8 +159,19 @@ class IncrementalMaintenance:
                     return True
             except IvmError as exc:
                 log.info("sketch %s: persisted state unusable (%s): rebuilding", sketch.id, exc)
-        frags = pipeline.build_state(conn, self._seed(
-            conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
+        try:
+            frags = pipeline.build_state(conn, self._seed(
+                conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
+        except NotMaintainable as exc:  # refused on the data (e.g. text ordering, collation)
+            entry.ivm_off = str(exc)
+            return False
+        except ENGINE_BUGS as exc:
+            self._engine_bug(entry, exc)
+            return False
+        checked = self._cross_check(conn, entry, sketch.query, entry.analysis,
+                                    list(capture_targets(sketch)), sketch.params, frags)
+        if checked is None:
+            return False
         self._seconds["capture_seconds"] += time.perf_counter() - started
         entry.pipeline = pipeline
         entry.captures += 1
@@ -190,13 +212,27 @@ class IncrementalMaintenance:
             return "the sketch's state is newer than the query's snapshot"
         except deltas.OwnWrites:
             return "the transaction wrote to a table of the query"
+        except ENGINE_BUGS as exc:
+            self._engine_bug(entry, exc)
+            return None
         except (IvmError, deltas.NotTracked) as exc:
             log.info("sketch %s: recapture (%s: %s)", entry.sketch.id, type(exc).__name__, exc)
             self._count("ivm_failures")
             entry.pipeline = None
+            if isinstance(exc, NotMaintainable):  # e.g. values the engine cannot order
+                entry.ivm_off = str(exc)
             return None
         self._note_maintenance(entry, time.perf_counter() - started)
         return entry.sketch
+
+    def _engine_bug(self, entry: Entry, exc: Exception) -> None:
+        """An unexpected failure inside the engine: this sketch falls back to recapture for
+        good (always exact), loudly (``engine_errors`` in IMP SHOW STATS)."""
+        log.error("sketch %s: incremental engine failed, recapture from now on: %r",
+                  entry.sketch.id, exc, exc_info=exc)
+        self._count("engine_errors")
+        entry.pipeline = None
+        entry.ivm_off = f"engine error: {exc!r}"
 
     def _catch_up(self, conn: psycopg.Connection[Any], entry: Entry,
                   pipeline: Pipeline) -> None:

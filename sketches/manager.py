@@ -47,8 +47,8 @@ from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.plan import SketchTarget
+from sketches.maintained import ENGINE_BUGS, IncrementalMaintenance
 from sketches.maintained import Entry as _Entry
-from sketches.maintained import IncrementalMaintenance
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
@@ -70,7 +70,9 @@ class SketchSettings:
     docs/MAINTENANCE.md); ``batch_size`` / ``batch_interval`` (s): the eager trigger policies
     (maintain once that many delta rows are pending, or that long after the last maintenance);
     ``state_interval`` (s): how often the background thread persists states and collects
-    audit rows."""
+    audit rows; ``verify_state``: check a freshly built state's sketch against a capture in
+    the same snapshot (one extra capture per state build; a mismatch means an engine bug and
+    the sketch keeps recapture)."""
 
     enabled: bool = True
     fragments: int = 1000
@@ -79,6 +81,7 @@ class SketchSettings:
     classify_cache_size: int = 4096
     persist: bool = True
     strategy: str = "lazy"
+    verify_state: bool = True
     batch_size: int = 1000
     batch_interval: float = 5.0
     state_interval: float = 10.0
@@ -312,9 +315,22 @@ class SketchManager(IncrementalMaintenance):
                 entry.ivm_off = str(exc)
                 log.info("not maintained incrementally (%s): %s", exc, sql[:80])
         started = time.perf_counter()
+        frags = None
         if pipeline is not None and incremental.tracked(conn, pipeline):
-            frags = pipeline.build_state(
+            try:
+                frags = pipeline.build_state(
                     conn, self._seed(conn, analysis, targets, params, pipeline))
+            except NotMaintainable as exc:  # refused on the data (e.g. text ordering)
+                entry.ivm_off = str(exc)
+                pipeline = None
+            except ENGINE_BUGS as exc:
+                self._engine_bug(entry, exc)
+                pipeline = None
+        if pipeline is not None and frags is not None:
+            frags = self._cross_check(conn, entry, sql, analysis, targets, params, frags)
+            if frags is None:
+                pipeline = None
+        if pipeline is not None and frags is not None:
             parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition, f, t.nullable)
                           for t, f in zip(targets, frags, strict=True))
             version = pipeline.version or ""
@@ -338,6 +354,22 @@ class SketchManager(IncrementalMaintenance):
             self._save_state(conn, entry)
             self._ensure_background()  # eager batches, state persistence, GC
         return entry
+
+    def _cross_check(self, conn: psycopg.Connection[Any], entry: _Entry, sql: str,
+                     analysis: QueryAnalysis, targets: list[CaptureTarget],
+                     params: Sequence[object] | None,
+                     frags: tuple[frozenset[int], ...]) -> tuple[frozenset[int], ...] | None:
+        """Safety belt: the state's sketch must contain the captured one (same snapshot), else
+        the engine is wrong for this query — it keeps recapture (None), loudly."""
+        if not self.settings.verify_state:
+            return frags
+        exact = self.backend.capture(conn, sql, analysis, targets, params)
+        if all(f >= p.fragments for f, p in zip(frags, exact.parts, strict=True)):
+            return frags
+        self._engine_bug(entry, AssertionError(
+            f"state sketch {[sorted(f) for f in frags]} misses captured "
+            f"{[sorted(p.fragments) for p in exact.parts]} for {sql[:200]!r}"))
+        return None
 
     def _store(self, conn: psycopg.Connection[Any], sketch: Sketch) -> Sketch:
         if self.settings.persist:
