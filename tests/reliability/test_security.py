@@ -351,7 +351,7 @@ def inject_db(fresh_db: Any) -> str:
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(table=_NAMES, gcol=_NAMES, vcol=_NAMES, literal=_LITERALS,
        threshold=st.integers(19_000, 26_000))
