@@ -533,7 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", choices=sorted(SCALES), default="small")
     ap.add_argument("--dsn", help="superuser DSN (default: a throwaway local PostgreSQL 15)")
     ap.add_argument("--shapes", help="comma-separated shape names (default: the scale's); "
-                    f"known: {', '.join(all_shape_names())}")
+                    f"known: {', '.join(all_shape_names())}".replace("%", "%%"))
+    ap.add_argument("--deltas", help="comma-separated delta sizes in rows (default: the scale's)")
+    ap.add_argument("--fractions", help="comma-separated large deltas as fractions of the table"
+                    " (default: the scale's; 'none' for no large delta)")
     ap.add_argument("--reps", type=int, help="repetitions per delta size ≤ 1000")
     ap.add_argument("--reps-large", type=int, help="repetitions per large (fractional) delta")
     ap.add_argument("--no-rebuild", action="store_true",
@@ -552,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown shapes: {', '.join(sorted(unknown))}")
         scale = dataclasses.replace(scale, shapes=names)
+    if args.deltas:
+        scale = dataclasses.replace(
+            scale, deltas=tuple(int(d) for d in args.deltas.split(",") if d.strip()))
+    if args.fractions:
+        fractions = () if args.fractions == "none" else tuple(
+            float(f) for f in args.fractions.split(",") if f.strip())
+        scale = dataclasses.replace(scale, fractions=fractions)
     if args.reps:
         scale = dataclasses.replace(scale, reps=args.reps)
     if args.reps_large:
