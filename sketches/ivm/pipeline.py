@@ -55,6 +55,11 @@ def _raw(text: str) -> sql.Composable:
     return sql.SQL(text)  # analysed SQL printed by pglast, parameters already bound
 
 
+def _cond(text: str) -> sql.Composable:
+    """A pushed-down conjunct, parenthesised for joining with AND."""
+    return sql.SQL("({})").format(_raw(text))
+
+
 def _in_list(exprs: Sequence[str], keys: set[Key]) -> sql.Composable:
     lits = [sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(v) for v in k))
             for k in sorted(keys, key=repr)]
@@ -152,7 +157,8 @@ class Pipeline:
         tables = [self.spec.tables[p] for p in positions]
         items = sql.SQL(", ").join(
             sql.SQL("{} AS {}").format(_raw(t.relation), sql.Identifier(t.alias)) for t in tables)
-        conds: list[sql.Composable] = [_raw(w) for t in tables for w in t.where]
+        # each conjunct parenthesised: "a OR b" joined bare became "a OR (b AND r.x = s.y)"
+        conds: list[sql.Composable] = [_cond(w) for t in tables for w in t.where]
         conds += [sql.SQL("{} = {}").format(_raw(x), _raw(y))
                   for pa, x, pb, y in self.spec.equalities if pa in positions and pb in positions]
         conds += list(extra)
@@ -434,7 +440,13 @@ class Pipeline:
             raise PipelineBroken("an earlier maintenance failed: rebuild or restore the state")
         if self.version is None:
             raise PipelineBroken("no state: call build_state or restore first")
-        current = deltas.require_snapshot(conn)
+        # one round trip for snapshot, isolation, tracking rows and whether the own-writes check
+        # can find anything (it could only if the transaction has an xid): all in this snapshot
+        try:
+            probe = deltas.probe(conn, self.relids)
+        except deltas.NotTracked as exc:
+            raise Invalidated(str(exc)) from exc
+        current = probe.snapshot
         empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
         self.applied = 0
         if current == self.version:
@@ -443,19 +455,19 @@ class Pipeline:
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
         infos = []
         for relid, epoch in zip(self.relids, self.epochs, strict=True):
-            try:
-                info = deltas.table_info(conn, relid)
-            except deltas.NotTracked as exc:
-                raise Invalidated(f"table {relid} is no longer tracked") from exc
+            info = probe.tables.get(relid)
+            if info is None:
+                raise Invalidated(f"table {relid} is no longer tracked")
             if info.epoch != epoch:
                 raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
-            deltas.check_own_writes(conn, info)
+            if probe.has_xid:
+                deltas.check_own_writes(conn, info)
             infos.append(info)
         fetched = []
         for t, info in zip(self.spec.tables, infos, strict=True):
             cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
             rows = deltas.fetch(conn, info, t.alias, cols, self.version,
-                                [_raw(w) for w in t.where])
+                                [_cond(w) for w in t.where])
             fetched.append(ZSet((tuple(r[:-1]), (), int(r[-1])) for r in rows))
         if not any(fetched):
             self.version = current
