@@ -263,35 +263,40 @@ def seed_join(c: Conn) -> None:
 def run_sequence(dsn: str, case: Case, data: st.DataObject, ops: st.SearchStrategy[Any],
                  apply: Callable[[Conn, tuple[Any, ...]], None]) -> None:
     pipe = build(dsn, case)
-    pending: Conn | None = None   # a concurrent writer kept open across a maintenance
+    pending: list[Conn] = []   # a concurrent writer kept open across a maintenance
     restart_at = data.draw(st.integers(0, 7), label="restart at")
-    for step in range(8):
-        batch = data.draw(st.lists(ops, min_size=1, max_size=4), label=f"batch {step}")
-        mode = data.draw(st.sampled_from(["commit", "rollback", "concurrent"]), label="mode")
-        if pending is not None:       # commit last step's open writer first (row locks)
-            pending.commit()
-            pending.close()
-            pending = None
-        writer = psycopg.connect(dsn)
-        for op in batch:
-            apply(writer, op)
-        if mode == "commit":
-            writer.commit()
-            writer.close()
-        elif mode == "rollback":
-            writer.rollback()
-            writer.close()
-        else:
-            pending = writer          # stays open: invisible to this step's snapshot
-        if step == restart_at:
-            saved = json.loads(json.dumps(pipe.snapshot()))
-            pipe = compile(analyse(case.query), case.targets, None, case.options)
-            pipe.restore(saved)
+    try:
+        for step in range(8):
+            batch = data.draw(st.lists(ops, min_size=1, max_size=4), label=f"batch {step}")
+            mode = data.draw(st.sampled_from(["commit", "rollback", "concurrent"]), label="mode")
+            while pending:            # commit last step's open writer first (row locks)
+                w = pending.pop()
+                w.commit()
+                w.close()
+            writer = psycopg.connect(dsn)
+            for op in batch:
+                apply(writer, op)
+            if mode == "commit":
+                writer.commit()
+                writer.close()
+            elif mode == "rollback":
+                writer.rollback()
+                writer.close()
+            else:
+                pending.append(writer)  # stays open: invisible to this step's snapshot
+            if step == restart_at:
+                saved = json.loads(json.dumps(pipe.snapshot()))
+                pipe = compile(analyse(case.query), case.targets, None, case.options)
+                pipe.restore(saved)
+            check(dsn, pipe, case)
+        while pending:
+            w = pending.pop()
+            w.commit()
+            w.close()
         check(dsn, pipe, case)
-    if pending is not None:
-        pending.commit()
-        pending.close()
-    check(dsn, pipe, case)
+    finally:
+        for w in pending:   # a failed check must not leave row locks behind (next example)
+            w.close()
 
 
 @pytest.mark.parametrize("case", [HAVING, TOPK_ROWS, TOPK_GROUPS, DISTINCT, SCALAR],
