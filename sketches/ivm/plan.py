@@ -51,11 +51,13 @@ class Options:
     """``minmax_buffer``: distinct values kept per group for min/max (None: all);
     ``topk_buffer``: tuples kept by a top-k over base rows (None: ``max(2k, k + 64)``);
     ``join_filter``: key membership filters skip partner lookups that cannot match
-    (:mod:`sketches.ivm.keyfilter`; single-column join keys)."""
+    (:mod:`sketches.ivm.keyfilter`; single-column join keys). Off by default: building it
+    (``SELECT DISTINCT key`` per side) more than doubled build_state for a 100k ⋈ 1M join
+    (1.1 s → 2.5 s), while a skipped lookup saves one indexed round trip."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
-    join_filter: bool = True
+    join_filter: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ JOIN = Case(
     " j AS (SELECT r.*, s.rid FROM r JOIN s ON s.rid = r.id JOIN q ON r.g IS NOT DISTINCT FROM q.g)"
     f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
     f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
-    Options(minmax_buffer=1))
+    Options(minmax_buffer=1, join_filter=True))
 
 
 DISTINCT = Case(
