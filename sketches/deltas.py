@@ -117,6 +117,47 @@ def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
     return TableInfo(int(row[0]), str(row[1]), int(row[2]))
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What one maintenance needs to know before fetching, read by a single statement.
+
+    ``snapshot``: ``pg_current_snapshot()``; ``has_xid``: the transaction has an xid (only
+    then can it have written audit rows: :func:`check_own_writes` is needed); ``tables``: the
+    tracking rows of the asked tables visible in this snapshot (absent: not tracked)."""
+
+    snapshot: str
+    has_xid: bool
+    tables: dict[int, TableInfo]
+
+
+_PROBE = sql.SQL(
+    "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint, t.audit_table::text, t.epoch"
+    " FROM (SELECT pg_current_snapshot()::text AS snap,"
+    " current_setting('transaction_isolation') AS iso,"
+    " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid) AS s"
+    " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY(%s::bigint[])")
+
+
+def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
+    """:func:`require_snapshot`, :func:`table_info` of every ``relids`` and whether the own-writes
+    check is needed, in one round trip (all in the snapshot of this transaction).
+
+    A transaction without an xid has written nothing, so no audit row can carry its xid:
+    :func:`check_own_writes` would find none (``_xid = NULL`` is never true)."""
+    try:
+        rows = conn.execute(_PROBE, (list(relids),)).fetchall()
+    except psycopg.errors.UndefinedTable as exc:
+        raise NotTracked("schema imp is not installed") from exc
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        raise SnapshotRequired("deltas must be read inside an open transaction")
+    snap, iso, has_xid = rows[0][:3]
+    if iso not in ("repeatable read", "serializable"):
+        raise SnapshotRequired(f"isolation level {iso!r}: needs REPEATABLE READ")
+    tables = {int(r[3]): TableInfo(int(r[3]), str(r[4]), int(r[5]))
+              for r in rows if r[3] is not None}
+    return Probe(str(snap), bool(has_xid), tables)
+
+
 def ensure_tracked(conn: psycopg.Connection[Any], table: str) -> TableInfo:
     """Starts tracking ``table`` (``imp.track_table``). Run it in its own transaction and
     commit before taking the snapshot that builds state: only then does that snapshot see
