@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from sortedcontainers import SortedDict
@@ -86,9 +87,24 @@ def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
             raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
         if v is None:
             parts.append((0 if item.nulls_go_first else 2, 0))
+        elif item.descending:
+            parts.append((1, _desc(v)))
         else:
-            parts.append((1, _Desc(v) if item.descending else v))
+            parts.append((1, v))
     return tuple(parts)
+
+
+def _desc(v: Any) -> object:
+    """A key ordering like ``v`` reversed. Numbers are negated exactly (int, float without NaN,
+    finite or infinite Decimal via ``copy_negate``, which never rounds): comparing them is C code,
+    where :class:`_Desc` costs a Python call per comparison. A column holds one kind of value
+    (numbers or not), so negated and wrapped keys never meet."""
+    t = type(v)
+    if t is int or t is float:
+        return -v
+    if t is Decimal:
+        return v.copy_negate()
+    return _Desc(v)
 
 
 def top_with_ties(entries: Iterable[tuple[object, dict[tuple[Row, Ann], int]]],
