@@ -25,6 +25,7 @@ class Scan(Operator):
         self.slots = slots
         self.slot = slot
         self.frag_col = frag_col
+        self._anns: dict[int, Ann] = {}
 
     def step(self, delta: ZSet) -> ZSet:
         out = ZSet()
@@ -38,6 +39,8 @@ class Scan(Operator):
         frag = row[self.frag_col]
         if not isinstance(frag, int):
             raise TypeError(f"fragment id must be an int, got {frag!r}")
-        ann = tuple(frozenset((frag,)) if i == self.slot else frozenset()
-                    for i in range(self.slots))
+        ann = self._anns.get(frag)
+        if ann is None:   # one annotation per fragment, shared by its rows (immutable)
+            ann = self._anns[frag] = tuple(frozenset((frag,)) if i == self.slot else frozenset()
+                                           for i in range(self.slots))
         return row[:self.frag_col] + row[self.frag_col + 1:], ann
