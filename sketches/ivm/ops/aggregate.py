@@ -106,7 +106,7 @@ class Aggregate(Operator):
         return st.count > 0 or self.scalar
 
     def _output(self, key: Row, st: GroupState) -> tuple[Row, Ann]:
-        return key + tuple(acc.result() for acc in st.accs), st.ann()
+        return key + tuple([acc.result() for acc in st.accs]), st.ann()
 
     def group_key(self, row: Row) -> Row:
         return tuple(row[i] for i in self.group_by)
@@ -118,17 +118,19 @@ class Aggregate(Operator):
             self.groups.setdefault((), self._new_group())
             old[()] = None
             self.scalar_emitted = True
+        groups, group_by = self.groups, self.group_by
+        args = [a.arg for a in self.aggs]
         for row, ann, w in delta:
-            key = self.group_key(row)
-            st = self.groups.get(key)
+            key = tuple([row[i] for i in group_by])
+            st = groups.get(key)
             if st is None:
-                st = self.groups[key] = self._new_group()
+                st = groups[key] = self._new_group()
             if key not in old:
                 old[key] = self._output(key, st) if self._exists(st) else None
             st.count += w
-            st.add_frags(((s, f) for s, fs in enumerate(ann) for f in fs), w)
-            for spec, acc in zip(self.aggs, st.accs, strict=True):
-                acc.add(1 if spec.arg is None else row[spec.arg], w)
+            st.add_frags([(s, f) for s, fs in enumerate(ann) for f in fs], w)
+            for arg, acc in zip(args, st.accs, strict=True):
+                acc.add(1 if arg is None else row[arg], w)
         self._settle_buffers(old)
         out = ZSet()
         for key, before in old.items():
