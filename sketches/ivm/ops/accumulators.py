@@ -201,25 +201,27 @@ class ValueBuffer:
     def add(self, value: Any, weight: int) -> None:
         if value is None or weight == 0:
             return
-        if isinstance(value, str | bytes) or (isinstance(value, float) and value != value):
+        if isinstance(value, (str, bytes)) or (isinstance(value, float) and value != value):
             raise NotMaintainable(f"min/max over {type(value).__name__} is not maintained")
-        self.nonnull += weight
-        if self.nonnull < 0:
+        nonnull = self.nonnull = self.nonnull + weight
+        if nonnull < 0:
             raise InconsistentDelta("min/max: non-NULL count below zero")
-        if self.nonnull == 0:
-            self.values.clear()
+        values = self.values
+        if nonnull == 0:
+            values.clear()
             self.complete = True
             self.bound = None
             return
-        if not self._inside(value):
-            return
-        m = self.values.get(value, 0) + weight
+        if not self.complete and not (value >= self.bound if self.descending
+                                      else value <= self.bound):
+            return   # outside the tracked region (see _inside)
+        m = values.get(value, 0) + weight
         if m < 0:
             raise InconsistentDelta(f"min/max: value {value!r} deleted more often than present")
         if m == 0:
-            del self.values[value]
+            del values[value]
         else:
-            self.values[value] = m
+            values[value] = m
 
     def trim(self) -> None:
         """Drops the worst values beyond ``limit`` distinct values (bounded state)."""
