@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from imp_proxy.embedded import LocalPostgres
+from imp_proxy.embedded import given_or_throwaway as _cluster
 
 log = logging.getLogger(__name__)
 
@@ -146,19 +146,6 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-@contextmanager
-def _cluster(upstream: str | None) -> Iterator[str]:
-    if upstream:
-        yield upstream
-        return
-    pg = LocalPostgres.throwaway_cluster()
-    pg.start()
-    try:
-        yield pg.dsn()
-    finally:
-        pg.destroy()
 
 
 @contextmanager

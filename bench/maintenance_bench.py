@@ -37,8 +37,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from bench.maintenance_data import (
     build_shape,
     create_tables,
 )
+from imp_proxy.embedded import given_or_throwaway as server
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.ivm.pipeline import Pipeline
@@ -146,21 +146,6 @@ class Prepared:
 
 
 # ---- setup ------------------------------------------------------------------------------
-
-@contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """The given DSN, or a throwaway local cluster's."""
-    if dsn:
-        yield dsn
-        return
-    from imp_proxy.embedded import LocalPostgres  # shared infrastructure; bench only
-
-    cluster = LocalPostgres.throwaway_cluster()
-    cluster.start()
-    try:
-        yield cluster.dsn()
-    finally:
-        cluster.destroy()
 
 
 def snapshot_conn(dsn: str) -> Conn:

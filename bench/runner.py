@@ -12,8 +12,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from bench.compare import compare
 from bench.config import Combo, RunConfig, SystemSpec
 from bench.systems import Endpoint, ProxyLauncher, execute, open_endpoint
 from bench.workload import DataStats, Op, WorkloadGenerator
-from imp_proxy.embedded import LocalPostgres
+from imp_proxy.embedded import given_or_throwaway as postgres
 
 log = logging.getLogger(__name__)
 
@@ -130,19 +129,6 @@ def sketch_counters(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------- servers
-
-@contextmanager
-def postgres(dsn: str | None) -> Iterator[str]:
-    """The admin DSN: the given one, or a throwaway local PostgreSQL 15 started for the run."""
-    if dsn:
-        yield dsn
-        return
-    cluster = LocalPostgres.throwaway_cluster()
-    cluster.start()
-    try:
-        yield cluster.dsn()
-    finally:
-        cluster.destroy()
 
 
 def db_dsn(admin_dsn: str, dbname: str) -> str:

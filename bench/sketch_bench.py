@@ -21,8 +21,6 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from imp_proxy.embedded import given_or_throwaway as server
 from sketches.capture import CaptureTarget, capture
 from sketches.manager import SketchManager, SketchSettings
 from sketches.sql import analyse
@@ -62,22 +61,6 @@ class Measurement:
     @property
     def speedup(self) -> float:
         return self.original_ms / self.instrumented_ms
-
-
-@contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """The given DSN, or a throwaway local cluster's."""
-    if dsn:
-        yield dsn
-        return
-    from imp_proxy.embedded import LocalPostgres  # shared infrastructure; bench only
-
-    cluster = LocalPostgres.throwaway_cluster()
-    cluster.start()
-    try:
-        yield cluster.dsn()
-    finally:
-        cluster.destroy()
 
 
 def generate(conn: psycopg.Connection[Any], rows: int, groups: int) -> float:

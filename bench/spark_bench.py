@@ -30,8 +30,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,6 +40,7 @@ import psycopg
 from psycopg import sql
 
 from bench.datagen import create_synthetic
+from imp_proxy.embedded import given_or_throwaway as cluster
 from sketches.backends.base import AggregateState
 from sketches.backends.postgres import PostgresBackend
 from sketches.backends.spark import SparkBackend, SparkRuntime, SparkSettings
@@ -74,21 +74,6 @@ class Row:
     est_rows: float
     est_cost: float | None
     auto: str
-
-
-@contextmanager
-def cluster(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    from imp_proxy.embedded import LocalPostgres  # shared infrastructure; bench only
-
-    pg = LocalPostgres.throwaway_cluster()
-    pg.start()
-    try:
-        yield pg.dsn()
-    finally:
-        pg.destroy()
 
 
 def targets(conn: psycopg.Connection[Any], text: str,

@@ -15,7 +15,7 @@ import logging
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from .embedded import LocalPostgres
+from .embedded import given_or_throwaway
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed executions per query and path; the median is shown")
     parser.add_argument("--keep-running", action="store_true",
                         help="keep the demo proxy running until Ctrl-C (connect with psql)")
-
-
-@contextlib.contextmanager
-def _upstream(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    with LocalPostgres.throwaway_cluster() as pg:
-        yield pg.dsn()
 
 
 def _load(conn: psycopg.Connection[Any], rows: int, groups: int) -> None:
@@ -143,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if Console().is_terminal else 120)
     threshold = {"threshold": int(args.groups * 3 * 0.97)}  # the top ~3 % of the groups
-    with _upstream(args.upstream) as upstream:
+    with given_or_throwaway(args.upstream) as upstream:
         cfg = ProxyConfig(listen_port=0, upstream=upstream)
         with running_proxy(cfg, load_hook(None)) as proxy:
             proxy_dsn = psycopg.conninfo.make_conninfo(upstream, host="127.0.0.1",

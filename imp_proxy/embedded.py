@@ -18,6 +18,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,3 +169,14 @@ class LocalPostgres:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+@contextmanager
+def given_or_throwaway(dsn: str | None) -> Iterator[str]:
+    """``dsn`` when one is given, else the superuser DSN of a throwaway cluster that lives
+    exactly as long as the ``with`` block (the demo's and the benchmarks' embedded default)."""
+    if dsn:
+        yield dsn
+        return
+    with LocalPostgres.throwaway_cluster() as pg:
+        yield pg.dsn()
