@@ -11,6 +11,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import psycopg
 
@@ -40,7 +41,7 @@ def migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-def install(conn: psycopg.Connection[object]) -> list[str]:
+def install(conn: psycopg.Connection[Any]) -> list[str]:
     """Applies every migration not yet applied (or changed) in one transaction; returns names."""
     applied: list[str] = []
     with conn.transaction():
@@ -50,7 +51,8 @@ def install(conn: psycopg.Connection[object]) -> list[str]:
             "CREATE TABLE IF NOT EXISTS imp.schema_version ("
             " version int PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())")
-        done = dict(conn.execute("SELECT version, checksum FROM imp.schema_version").fetchall())
+        rows = conn.execute("SELECT version, checksum FROM imp.schema_version").fetchall()
+        done: dict[int, str] = {int(v): str(c) for v, c in rows}
         for m in migrations():
             if done.get(m.version) == m.checksum:
                 continue
