@@ -46,6 +46,12 @@ class OwnWrites(DeltaError):
     committed, so no sketch version can include them (DESIGN §5: pass the query through)."""
 
 
+class AuditRebuilt(DeltaError):
+    """The audit table read by name was created after this transaction's snapshot (DDL on the
+    base table rebuilt it): the deltas committed before the rebuild are not in it, while the
+    epoch read in this snapshot is still the old one. The state must be recaptured."""
+
+
 class VersionAhead(DeltaError):
     """The state's version sees a transaction the current snapshot does not (V ⊄ S)."""
 
@@ -131,7 +137,10 @@ class Probe:
 
 
 _PROBE = sql.SQL(
-    "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint, t.audit_table::text, t.epoch"
+    "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint,"
+    " (SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
+    "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
+    "  WHERE c.oid = t.audit_table), t.epoch"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
     " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid) AS s"
@@ -202,8 +211,25 @@ def fetch(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
         cols=sql.SQL(", ").join([*columns, sql.Identifier(alias, "_mult")]),
         audit=audit_source(info), alias=sql.Identifier(alias), cond=cond)
     rows = conn.execute(query).fetchall()
+    _check_audit_visible(conn, info)
     log.debug("table %s: %d delta rows since %s", info.relid, len(rows), since)
     return rows
+
+
+_AUDIT_VISIBLE = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass(%s))"
+
+
+def _check_audit_visible(conn: psycopg.Connection[Any], info: TableInfo) -> None:
+    """Raises :class:`AuditRebuilt` unless the audit table just read existed in this snapshot.
+
+    Why after the fetch: the fetch holds ACCESS SHARE on the table it resolved by name until
+    the transaction ends, so no DDL can replace it any more; ``to_regclass`` resolves the name
+    through the latest catalog (that same table), while the ``pg_class`` scan sees this
+    transaction's snapshot. A table created after the snapshot is invisible to the scan."""
+    row = conn.execute(_AUDIT_VISIBLE, (info.audit_table,)).fetchone()
+    if not (row and row[0]):
+        raise AuditRebuilt(f"audit table {info.audit_table} of table {info.relid} was rebuilt "
+                           "after this snapshot was taken")
 
 
 def pending(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> int:

@@ -466,8 +466,11 @@ class Pipeline:
         fetched = []
         for t, info in zip(self.spec.tables, infos, strict=True):
             cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
-            rows = deltas.fetch(conn, info, t.alias, cols, self.version,
-                                [_cond(w) for w in t.where])
+            try:
+                rows = deltas.fetch(conn, info, t.alias, cols, self.version,
+                                    [_cond(w) for w in t.where])
+            except deltas.AuditRebuilt as exc:
+                raise Invalidated(str(exc)) from exc
             fetched.append(ZSet((tuple(r[:-1]), (), int(r[-1])) for r in rows))
         if not any(fetched):
             self.version = current

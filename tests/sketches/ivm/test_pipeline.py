@@ -343,6 +343,22 @@ def test_truncate_invalidates(db: str) -> None:
         pipe.maintain(c)
 
 
+def test_audit_table_rebuilt_after_the_snapshot_invalidates(db: str) -> None:
+    """DDL rebuilds the audit table and commits after the query's snapshot was taken: that
+    snapshot still reads the old epoch, and the rebuilt audit table's rows are invisible to it,
+    so the delta committed before the DDL would be lost without the visibility check."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, HAVING)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("INSERT INTO s1 VALUES (1000, 3, 100, 1)")
+    with snapshot_conn(db) as q:
+        q.execute("SELECT 1")  # the query's snapshot: sees the insert, not the DDL below
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute("ALTER TABLE s1 ALTER COLUMN v SET STATISTICS 100")
+        with pytest.raises(Invalidated):
+            pipe.maintain(q)
+
+
 def test_join_filter_skips_lookups_without_partners(db: str) -> None:
     reset(db, ("r", "s"), seed_join)
     pipe = build(db, JOIN)
