@@ -21,12 +21,8 @@ import argparse
 import logging
 import os
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -39,11 +35,11 @@ from typing import Any
 
 import psycopg
 
+from bench.proxy_process import launch_proxy
 from imp_proxy.embedded import given_or_throwaway as _cluster
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: sketched templates: (name, SQL with one placeholder, values the mix draws from)
 SKETCHED: tuple[tuple[str, str, tuple[int, ...]], ...] = (
@@ -100,46 +96,6 @@ class LoadResult:
 
 
 # ---------------------------------------------------------------- processes
-
-@dataclass
-class _Proxy:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def start_proxy(upstream: str, *args: str, log_level: str = "WARNING") -> _Proxy:
-    logfile = Path(tempfile.mkstemp(prefix="imp-load-proxy-", suffix=".log")[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
-                                        if p)
-    with open(logfile, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "imp_proxy", "--log-level", log_level, "serve", "--listen",
-             "127.0.0.1:0", "--upstream", upstream, *args],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        m = re.search(r"imp-proxy listening on [^\s]+:(\d+)",
-                      logfile.read_text(errors="replace"))
-        if m:
-            return _Proxy(proc, int(m.group(1)), logfile)
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited: {logfile.read_text(errors='replace')}")
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError("proxy did not start within 60 s")
-
 
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -312,7 +268,7 @@ def _proxy_stats(proxied: str) -> dict[str, str]:
 def run(cfg: LoadConfig, progress: Callable[[str], None] = lambda _: None) -> LoadResult:
     res = LoadResult(cfg)
     with _cluster(cfg.upstream) as admin, _database(admin, cfg.rows) as direct:
-        proxy = start_proxy(admin, log_level=cfg.proxy_log_level)
+        proxy = launch_proxy(admin, log_level=cfg.proxy_log_level)
         try:
             proxied = psycopg.conninfo.make_conninfo(direct, host="127.0.0.1", port=proxy.port)
             tmpl = templates(cfg.rows)

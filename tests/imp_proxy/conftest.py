@@ -12,21 +12,16 @@ A subprocess rather than a thread: client libraries may hold the GIL in blocking
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+
+from bench.proxy_process import ProxyProcess as ProxyProcess
+from bench.proxy_process import launch_proxy as launch_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,56 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def via_proxy(dsn: str, port: int, **extra: Any) -> str:
     """The same DSN, but pointing at the proxy's port."""
     return psycopg.conninfo.make_conninfo(dsn, **{"host": "127.0.0.1", "port": port, **extra})
-
-
-@dataclass
-class ProxyProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-_LISTENING = re.compile(r"imp-proxy listening on [^\s]+:(\d+)")
-
-
-def launch_proxy(upstream: str | None, *args: str, timeout: float = 60.0) -> ProxyProcess:
-    """Starts ``python -m imp_proxy serve`` on a free port and waits until it listens
-    (``upstream=None``: the proxy's embedded PostgreSQL)."""
-    up = ["--upstream", upstream] if upstream is not None else []
-    log = Path(tempfile.mkstemp(prefix="imp-proxy-", suffix=".log")[1])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "imp_proxy", "--log-level", "INFO", "serve",
-             "--listen", "127.0.0.1:0", *up, *args],
-            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = _LISTENING.search(log.read_text(errors="replace"))
-        if m:
-            return ProxyProcess(proc, int(m.group(1)), log)
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited with {proc.returncode}: {log.read_text()}")
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"proxy did not start within {timeout}s: {log.read_text()}")
 
 
 StartProxy = Callable[..., ProxyProcess]
