@@ -245,10 +245,16 @@ def _count_outcome(s: Session, outcome: PrepareOutcome) -> None:
         s.router.count("captured")
 
 
+async def _wrappable(s: Session, sql: str) -> bool:
+    """The library calls ``sql`` a candidate, and the backend is idle with nothing in flight
+    (DESIGN §5: the proxy injects only on an idle backend, outside client transactions)."""
+    decision = await s.router.classify(sql)
+    return decision.candidate and s.scanner.status == ord("I") and s.idle
+
+
 async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
     """A sketchable simple Query (docs/INTERFACES.md §2)."""
-    decision = await s.router.classify(sql)
-    if not decision.candidate or s.scanner.status != ord("I") or not s.idle:
+    if not await _wrappable(s, sql):
         _forward_original(s, raw)
         return
     s.enter_parse_mode()
@@ -276,8 +282,7 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
     """A sketchable extended-protocol batch: the client's Bind is moved to a proxy-owned
     statement holding the instrumented SQL (same parameter types); its replies the client
     did not cause (the proxy's Parse/Close/COMMIT) are swallowed."""
-    decision = await s.router.classify(shape.sql)
-    if not decision.candidate or s.scanner.status != ord("I") or not s.idle:
+    if not await _wrappable(s, shape.sql):
         _forward_original(s, raw)
         return
     s.enter_parse_mode()
