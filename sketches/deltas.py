@@ -157,6 +157,10 @@ def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
         rows = conn.execute(_PROBE, (list(relids),)).fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise NotTracked("schema imp is not installed") from exc
+    return _probe_result(conn, rows)
+
+
+def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> Probe:
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         raise SnapshotRequired("deltas must be read inside an open transaction")
     snap, iso, has_xid = rows[0][:3]
@@ -191,10 +195,45 @@ def check_own_writes(conn: psycopg.Connection[Any], info: TableInfo) -> None:
 
 def delta_filter(alias: str, since: str) -> sql.Composable:
     """``NOT pg_visible_in_snapshot(alias._xid, since)``, with an index-friendly lower bound."""
-    v = sql.SQL("{}::pg_snapshot").format(sql.Literal(since))
+    return _delta_filter(alias, sql.SQL("{}::pg_snapshot").format(sql.Literal(since)))
+
+
+def _delta_filter(alias: str, since: sql.Composable) -> sql.Composable:
     xid = sql.Identifier(alias, "_xid")
     return sql.SQL("({xid} >= pg_snapshot_xmin({v}) AND NOT pg_visible_in_snapshot({xid}, {v}))"
-                   ).format(xid=xid, v=v)
+                   ).format(xid=xid, v=since)
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaQuery:
+    """The delta fetch of one table with the version as the parameter ``%(since)s``.
+
+    Why a parameter: the text stays the same from one maintenance to the next, so psycopg
+    prepares it once and PostgreSQL stops planning it every time."""
+
+    relid: int
+    audit_table: str
+    text: bytes
+
+
+def _escaped(conn: psycopg.Connection[Any], part: sql.Composable) -> sql.Composable:
+    """``part`` rendered with ``%`` doubled: literal text inside a query that has parameters."""
+    return sql.SQL(part.as_string(conn).replace("%", "%%"))
+
+
+def delta_query(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
+                columns: Sequence[sql.Composable],
+                where: Sequence[sql.Composable] = ()) -> DeltaQuery:
+    """The query of :func:`fetch` (same ``columns`` and ``where``) as a :class:`DeltaQuery`."""
+    cond = sql.SQL(" AND ").join(
+        [_delta_filter(alias, sql.SQL("%(since)s::pg_snapshot")),
+         *(_escaped(conn, w) for w in where)])
+    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}").format(
+        cols=sql.SQL(", ").join([*(_escaped(conn, c) for c in columns),
+                                 _escaped(conn, sql.Identifier(alias, "_mult"))]),
+        audit=_escaped(conn, audit_source(info)),
+        alias=_escaped(conn, sql.Identifier(alias)), cond=cond)
+    return DeltaQuery(info.relid, info.audit_table, query.as_bytes(conn))
 
 
 def fetch(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
@@ -206,30 +245,72 @@ def fetch(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
     base table's column names and types, so expressions written for the base table work as
     they are — including a fragment id ``RangePartition.fragment_sql``). ``where`` is the
     pushed-down selection. The caller checks ``V ⊆ S`` (:meth:`Snapshot.within`)."""
-    cond = sql.SQL(" AND ").join([delta_filter(alias, since), *where])
-    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}").format(
-        cols=sql.SQL(", ").join([*columns, sql.Identifier(alias, "_mult")]),
-        audit=audit_source(info), alias=sql.Identifier(alias), cond=cond)
-    rows = conn.execute(query).fetchall()
-    _check_audit_visible(conn, info)
-    log.debug("table %s: %d delta rows since %s", info.relid, len(rows), since)
+    return fetch_query(conn, delta_query(conn, info, alias, columns, where), since)
+
+
+def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
+                since: str) -> list[tuple[Any, ...]]:
+    """:func:`fetch` of a query built before (its table's tracking unchanged since)."""
+    rows = conn.execute(query.text, {"since": since}).fetchall()
+    _check_audit_visible(conn, query.audit_table, query.relid)
+    log.debug("table %s: %d delta rows since %s", query.relid, len(rows), since)
     return rows
 
 
-_AUDIT_VISIBLE = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass(%s))"
+_AUDIT_VISIBLE = b"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass(%s))"
 
 
-def _check_audit_visible(conn: psycopg.Connection[Any], info: TableInfo) -> None:
+def _check_audit_visible(conn: psycopg.Connection[Any], audit_table: str, relid: int) -> None:
     """Raises :class:`AuditRebuilt` unless the audit table just read existed in this snapshot.
 
     Why after the fetch: the fetch holds ACCESS SHARE on the table it resolved by name until
     the transaction ends, so no DDL can replace it any more; ``to_regclass`` resolves the name
     through the latest catalog (that same table), while the ``pg_class`` scan sees this
     transaction's snapshot. A table created after the snapshot is invisible to the scan."""
-    row = conn.execute(_AUDIT_VISIBLE, (info.audit_table,)).fetchone()
+    row = conn.execute(_AUDIT_VISIBLE, (audit_table,)).fetchone()
+    _audit_visible(row, audit_table, relid)
+
+
+def _audit_visible(row: tuple[Any, ...] | None, audit_table: str, relid: int) -> None:
     if not (row and row[0]):
-        raise AuditRebuilt(f"audit table {info.audit_table} of table {info.relid} was rebuilt "
+        raise AuditRebuilt(f"audit table {audit_table} of table {relid} was rebuilt "
                            "after this snapshot was taken")
+
+
+_SAVEPOINT = b"SAVEPOINT _imp_deltas"
+
+
+def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
+               queries: Sequence[DeltaQuery],
+               since: str) -> tuple[Probe, list[list[tuple[Any, ...]]]] | None:
+    """:func:`probe`, then :func:`fetch_query` of every query, in one round trip.
+
+    Pipelined inside a savepoint: a fetch that fails (its audit table dropped since the query
+    was built) rolls back to it, leaving the caller's transaction usable, and returns None,
+    as does a probe showing another audit table for a query's table. On None the caller goes
+    the long way (probe first), which reports what changed. The visibility check of each audit
+    table runs after its fetch, exactly as in :func:`fetch_query`."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        return None
+    try:
+        with conn.pipeline():
+            conn.execute(_SAVEPOINT)
+            probed = conn.execute(_PROBE, (list(relids),))
+            fetched = [conn.execute(q.text, {"since": since}) for q in queries]
+            visible = [conn.execute(_AUDIT_VISIBLE, (q.audit_table,)) for q in queries]
+            conn.execute(b"RELEASE SAVEPOINT _imp_deltas")
+    except psycopg.Error as exc:
+        log.debug("pipelined delta read failed (%s): probing first", exc)
+        conn.execute(b"ROLLBACK TO SAVEPOINT _imp_deltas")
+        conn.execute(b"RELEASE SAVEPOINT _imp_deltas")
+        return None
+    probe = _probe_result(conn, probed.fetchall())
+    for q, v in zip(queries, visible, strict=True):
+        info = probe.tables.get(q.relid)
+        if info is None or info.audit_table != q.audit_table:
+            return None
+        _audit_visible(v.fetchone(), q.audit_table, q.relid)
+    return probe, [f.fetchall() for f in fetched]
 
 
 def pending(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> int:

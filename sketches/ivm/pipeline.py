@@ -39,7 +39,7 @@ from sketches.ivm.ops.merge import Merge, SketchDelta
 from sketches.ivm.ops.project import Project
 from sketches.ivm.ops.scan import Scan
 from sketches.ivm.ops.topk import TopK
-from sketches.ivm.plan import PlanSpec
+from sketches.ivm.plan import PlanSpec, TableSpec
 from sketches.ivm.zset import Ann, Entry, Row, ZSet
 
 if TYPE_CHECKING:
@@ -114,6 +114,7 @@ class Pipeline:
         self.applied = 0
         """Delta rows applied by the last ``maintain`` (0: nothing changed)."""
         self._conn: Conn | None = None
+        self._queries: list[deltas.DeltaQuery] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -223,6 +224,7 @@ class Pipeline:
         infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
         seed = self._usable_seed(seed, version)
         self._reset()
+        self._queries = None
         self._conn = conn
         try:
             out = self._initial_output(seed)
@@ -440,38 +442,15 @@ class Pipeline:
             raise PipelineBroken("an earlier maintenance failed: rebuild or restore the state")
         if self.version is None:
             raise PipelineBroken("no state: call build_state or restore first")
-        # one round trip for snapshot, isolation, tracking rows and whether the own-writes check
-        # can find anything (it could only if the transaction has an xid): all in this snapshot
-        try:
-            probe = deltas.probe(conn, self.relids)
-        except deltas.NotTracked as exc:
-            raise Invalidated(str(exc)) from exc
-        current = probe.snapshot
+        current, rows = self._read_deltas(conn, self.version)
         empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
         self.applied = 0
         if current == self.version:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
-        infos = []
-        for relid, epoch in zip(self.relids, self.epochs, strict=True):
-            info = probe.tables.get(relid)
-            if info is None:
-                raise Invalidated(f"table {relid} is no longer tracked")
-            if info.epoch != epoch:
-                raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
-            if probe.has_xid:
-                deltas.check_own_writes(conn, info)
-            infos.append(info)
-        fetched = []
-        for t, info in zip(self.spec.tables, infos, strict=True):
-            cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
-            try:
-                rows = deltas.fetch(conn, info, t.alias, cols, self.version,
-                                    [_cond(w) for w in t.where])
-            except deltas.AuditRebuilt as exc:
-                raise Invalidated(str(exc)) from exc
-            fetched.append(ZSet((tuple(r[:-1]), (), int(r[-1])) for r in rows))
+        fetched = [ZSet((tuple(r[:-1]), (), int(r[-1])) for r in table_rows)
+                   for table_rows in rows]
         if not any(fetched):
             self.version = current
             return empty
@@ -486,6 +465,48 @@ class Pipeline:
         self.broken = False
         self.version = current
         return change
+
+    def _read_deltas(self, conn: Conn, since: str) -> tuple[str, list[list[tuple[Any, ...]]]]:
+        """conn's snapshot and every table's delta rows since ``since``: one pipelined round
+        trip once the audit tables are known (:func:`deltas.read_batch`); else, or when their
+        tracking changed, the probe first and one fetch per table."""
+        try:
+            if self._queries is not None:
+                batch = deltas.read_batch(conn, self.relids, self._queries, since)
+                if batch is not None:
+                    self._check_tracking(conn, batch[0])
+                    return batch[0].snapshot, batch[1]
+            try:
+                probe = deltas.probe(conn, self.relids)
+            except deltas.NotTracked as exc:
+                raise Invalidated(str(exc)) from exc
+            infos = self._check_tracking(conn, probe)
+            self._queries = [self._delta_query(conn, t, info)
+                             for t, info in zip(self.spec.tables, infos, strict=True)]
+            return probe.snapshot, [deltas.fetch_query(conn, q, since) for q in self._queries]
+        except deltas.AuditRebuilt as exc:
+            self._queries = None
+            raise Invalidated(str(exc)) from exc
+
+    def _check_tracking(self, conn: Conn, probe: deltas.Probe) -> list[deltas.TableInfo]:
+        """Each table's tracking as the probe saw it; raises :class:`Invalidated` when a
+        table is no longer tracked or was truncated or altered since the state was built,
+        :class:`deltas.OwnWrites` when this transaction wrote to one."""
+        infos = []
+        for relid, epoch in zip(self.relids, self.epochs, strict=True):
+            info = probe.tables.get(relid)
+            if info is None:
+                raise Invalidated(f"table {relid} is no longer tracked")
+            if info.epoch != epoch:
+                raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
+            if probe.has_xid:
+                deltas.check_own_writes(conn, info)
+            infos.append(info)
+        return infos
+
+    def _delta_query(self, conn: Conn, t: TableSpec, info: deltas.TableInfo) -> deltas.DeltaQuery:
+        cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
+        return deltas.delta_query(conn, info, t.alias, cols, [_cond(w) for w in t.where])
 
     def _step(self, fetched: list[ZSet]) -> ZSet:
         scanned = [scan.step(z) for scan, z in zip(self.scans, fetched, strict=True)]
@@ -543,6 +564,7 @@ class Pipeline:
         self.filters = [(None if a is None else KeyFilter.restore(a),
                          None if b is None else KeyFilter.restore(b)) for a, b in filters]
         self.version = str(state["version"])
+        self._queries = None
         self.relids = tuple(int(r) for r in state["relids"])
         self.epochs = tuple(int(e) for e in state["epochs"])
         self.broken = False

@@ -93,6 +93,42 @@ def test_refuses_outside_snapshot_and_after_own_writes(table: str) -> None:
         deltas.table_info(c, "pg_class")
 
 
+def test_pipelined_read_equals_probe_and_fetch(table: str) -> None:
+    with rr(table) as c:
+        v0 = deltas.require_snapshot(c)
+        c.commit()
+    with psycopg.connect(table, autocommit=True) as w:
+        w.execute("INSERT INTO d VALUES (200, 7, 'pct%'), (201, 17, 'other')")
+    with rr(table) as c:
+        c.execute("SELECT 1")
+        info = deltas.table_info(c, "d")
+        # a literal % in pushed-down SQL must survive the parameterised query text
+        q = deltas.delta_query(c, info, "d", [sql.Identifier("d", "id")],
+                               [sql.SQL("d.b LIKE '%\\%'")])
+        probe = deltas.probe(c, [info.relid])
+        batch = deltas.read_batch(c, [info.relid], [q], v0)
+        assert batch is not None
+        assert batch[0] == probe
+        assert batch[1] == [deltas.fetch_query(c, q, v0)] == [[(200, 1)]]
+        c.commit()
+
+
+def test_pipelined_read_failure_leaves_the_transaction_usable(table: str) -> None:
+    """A query built for an audit table that is gone (here: never existed) makes the pipelined
+    read fail in PostgreSQL; read_batch must roll back to its savepoint and answer None."""
+    with rr(table) as c:
+        v = deltas.require_snapshot(c)
+        info = deltas.table_info(c, "d")
+        gone = deltas.TableInfo(info.relid, "imp.no_such_audit_table", info.epoch)
+        q = deltas.delta_query(c, gone, "d", [sql.Identifier("d", "id")])
+        assert deltas.read_batch(c, [info.relid], [q], v) is None
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert deltas.require_snapshot(c) == v       # same transaction, same snapshot
+        c.commit()
+    with psycopg.connect(table, autocommit=True) as c:
+        assert deltas.read_batch(c, [1], [], "1:1:") is None   # not inside a transaction
+
+
 def test_snapshot_within_matches_visibility() -> None:
     a = deltas.Snapshot.parse("10:15:11,13")
     assert [x for x in range(8, 17) if a.visible(x)] == [8, 9, 10, 12, 14]

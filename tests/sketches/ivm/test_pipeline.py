@@ -334,21 +334,37 @@ def test_persisted_state_resumes_after_restart(db: str) -> None:
         assert not ivm_state.load(c, "having", restarted)
 
 
-def test_truncate_invalidates(db: str) -> None:
+def _maintained_once(db: str, pipe: Pipeline, warm: bool) -> None:
+    """``warm``: one maintenance first, so the next one reads its deltas pipelined in one
+    round trip (``deltas.read_batch``); else it probes first."""
+    if warm:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute("INSERT INTO s1 VALUES (999, 2, 1, 1)")
+        with snapshot_conn(db) as c:
+            pipe.maintain(c)
+            c.commit()
+        assert pipe._queries is not None
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
+def test_truncate_invalidates(db: str, warm: bool) -> None:
     reset(db, ("s1",), seed_s1)
     pipe = build(db, HAVING)
+    _maintained_once(db, pipe, warm)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("TRUNCATE s1")
     with snapshot_conn(db) as c, pytest.raises(Invalidated):
         pipe.maintain(c)
 
 
-def test_audit_table_rebuilt_after_the_snapshot_invalidates(db: str) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
+def test_audit_table_rebuilt_after_the_snapshot_invalidates(db: str, warm: bool) -> None:
     """DDL rebuilds the audit table and commits after the query's snapshot was taken: that
     snapshot still reads the old epoch, and the rebuilt audit table's rows are invisible to it,
     so the delta committed before the DDL would be lost without the visibility check."""
     reset(db, ("s1",), seed_s1)
     pipe = build(db, HAVING)
+    _maintained_once(db, pipe, warm)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("INSERT INTO s1 VALUES (1000, 3, 100, 1)")
     with snapshot_conn(db) as q:
