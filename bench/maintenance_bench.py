@@ -5,7 +5,9 @@
 Library level, no proxy: for every query shape of ``bench.maintenance_data`` a
 :class:`sketches.ivm.pipeline.Pipeline` is compiled and its state built; then, per delta size
 and repetition, a mixed delta is committed directly in PostgreSQL and, in one REPEATABLE READ
-transaction (one snapshot, side by side, the order alternating between repetitions):
+transaction (one snapshot, side by side, the order alternating between repetitions) on one
+connection kept open for the whole shape (warm, as the proxy's service connection is), each
+side timed after a full garbage collection:
 
 * IMP: ``pipeline.maintain(conn)`` (fetching the delta from the audit table included);
 * FM recapture: ``sketches.capture.capture`` of the same query;
@@ -223,39 +225,43 @@ def _check(shape: str, maintained: Sequence[frozenset[int]],
     return ok, extra
 
 
-def measure_once(dsn: str, shape: Shape, prep: Prepared, pipe: Pipeline, delta_rows: int,
+def measure_once(c: Conn, shape: Shape, prep: Prepared, pipe: Pipeline, delta_rows: int,
                  audit_rows: int, rep: int,
                  rebuild: bool = True) -> tuple[Measurement, Pipeline | None]:
-    """IMP, recapture and rebuild side by side in one snapshot. Returns the measurement and,
-    when the maintained sketch violated containment, the rebuilt pipeline to continue with."""
-    with snapshot_conn(dsn) as c:
-        c.execute("SELECT 1")  # opens the transaction: both sides see one snapshot
+    """IMP, recapture and rebuild side by side in one snapshot, on ``c``: one warm REPEATABLE
+    READ connection kept across measurements, like the proxy's service connection. Returns
+    the measurement and, when the maintained sketch violated containment, the rebuilt
+    pipeline to continue with. A full garbage collection precedes each timed side, so neither
+    pays for the other's (or the rebuild's) garbage."""
+    c.execute("SELECT 1")  # opens the transaction: both sides see one snapshot
 
-        def imp() -> float:
-            t0 = time.perf_counter()
-            pipe.maintain(c)
-            return (time.perf_counter() - t0) * 1e3
+    def imp() -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        pipe.maintain(c)
+        return (time.perf_counter() - t0) * 1e3
 
-        def recapture() -> tuple[float, tuple[frozenset[int], ...]]:
-            t0 = time.perf_counter()
-            res = capture(c, shape.sql, prep.analysis, prep.capture_targets)
-            return (time.perf_counter() - t0) * 1e3, tuple(p.fragments for p in res.parts)
+    def recapture() -> tuple[float, tuple[frozenset[int], ...]]:
+        gc.collect()
+        t0 = time.perf_counter()
+        res = capture(c, shape.sql, prep.analysis, prep.capture_targets)
+        return (time.perf_counter() - t0) * 1e3, tuple(p.fragments for p in res.parts)
 
-        if rep % 2 == 0:
-            imp_ms = imp()
-            cap_ms, captured = recapture()
-        else:
-            cap_ms, captured = recapture()
-            imp_ms = imp()
-        maintained = pipe.sketch()
-        ok, extra = _check(shape.name, maintained, captured, f"delta {delta_rows} rep {rep}")
-        fresh = compile(prep.analysis, prep.targets)
-        rebuild_ms = math.nan
-        if rebuild or not ok:
-            t0 = time.perf_counter()
-            fresh.build_state(c)
-            rebuild_ms = (time.perf_counter() - t0) * 1e3
-        c.commit()
+    if rep % 2 == 0:
+        imp_ms = imp()
+        cap_ms, captured = recapture()
+    else:
+        cap_ms, captured = recapture()
+        imp_ms = imp()
+    maintained = pipe.sketch()
+    ok, extra = _check(shape.name, maintained, captured, f"delta {delta_rows} rep {rep}")
+    fresh = compile(prep.analysis, prep.targets)
+    rebuild_ms = math.nan
+    if rebuild or not ok:
+        t0 = time.perf_counter()
+        fresh.build_state(c)
+        rebuild_ms = (time.perf_counter() - t0) * 1e3
+    c.commit()
     ok_fresh = fresh.version is None or _check(shape.name, fresh.sketch(), captured,
                                                "rebuilt state")[0]
     m = Measurement(shape.name, delta_rows, audit_rows, rep, imp_ms, cap_ms, rebuild_ms,
@@ -280,6 +286,13 @@ def run_shape(dsn: str, shape: Shape, prep: Prepared, scale: Scale, source: Delt
         pipe.build_state(c)
         out.build_ms = (time.perf_counter() - t0) * 1e3
         c.commit()
+        _measure_deltas(dsn, c, out, shape, prep, scale, source, writer, pipe)
+    out.state_heap_bytes = heap_bytes(dsn, prep)
+    return out
+
+
+def _measure_deltas(dsn: str, c: Conn, out: ShapeResult, shape: Shape, prep: Prepared,
+                    scale: Scale, source: DeltaSource, writer: Conn, pipe: Pipeline) -> None:
     out.state_json_bytes = len(json.dumps(pipe.snapshot(), separators=(",", ":")))
     out.groups = state_size(pipe)
     large = {max(1, round(f * scale.rows)) for f in scale.fractions} - set(scale.deltas)
@@ -287,7 +300,7 @@ def run_shape(dsn: str, shape: Shape, prep: Prepared, scale: Scale, source: Delt
     for size in sorted({*scale.deltas, *large}):
         for rep in range(scale.reps_large if size in large else scale.reps):
             audit = source.apply(writer, size)
-            m, replacement = measure_once(dsn, shape, prep, pipe, size, audit, rep, rebuild)
+            m, replacement = measure_once(c, shape, prep, pipe, size, audit, rep, rebuild)
             out.measurements.append(m)
             if not m.contained:
                 out.violations.append(f"delta {size} rep {rep}: maintained {m.maintained} "
@@ -300,8 +313,6 @@ def run_shape(dsn: str, shape: Shape, prep: Prepared, scale: Scale, source: Delt
                      "%8.1f ms  ratio %7.1f%s", shape.name, size, rep, m.imp_ms,
                      m.recapture_ms, m.rebuild_ms, m.recapture_ms / max(m.imp_ms, 1e-6),
                      "" if m.contained else "  VIOLATION")
-    out.state_heap_bytes = heap_bytes(dsn, prep)
-    return out
 
 
 # ---- summary ----------------------------------------------------------------------------
@@ -369,7 +380,8 @@ def report(results: list[ShapeResult], facts: dict[str, Any], scale_name: str, s
                                    if scale.rebuild else "never (—)"),
              "* IMP = `Pipeline.maintain` (delta fetch included) in a REPEATABLE READ "
              "transaction; recapture = `sketches.capture.capture`; rebuild = a fresh "
-             "pipeline's `build_state`; all three in the same snapshot, order alternating",
+             "pipeline's `build_state`; all three in the same snapshot, order alternating, on "
+             "one warm connection per shape, each timed after `gc.collect()`",
              "* deltas: mixed ⅓ inserts, ⅓ updates (half move to other groups), ⅓ deletes "
              "on r, committed directly in PostgreSQL; audit rows = inserts + deletes + "
              "2 × updates", ""]
