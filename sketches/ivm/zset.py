@@ -8,7 +8,7 @@ whose weight becomes zero, so it is always consolidated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import ItemsView, Iterable, Iterator
 from typing import TypeAlias
 
 Row: TypeAlias = tuple[object, ...]
@@ -38,21 +38,43 @@ class ZSet:
         for row, ann, weight in entries:
             self.add(row, ann, weight)
 
+    @classmethod
+    def from_dict(cls, weights: dict[tuple[Row, Ann], int]) -> ZSet:
+        """A Z-set owning ``weights`` (no copy): operators that build their output dict
+        directly skip one :meth:`add` call per row. The caller guarantees no zero weight and
+        does not touch the dict afterwards."""
+        out = cls()
+        out._w = weights
+        return out
+
     def add(self, row: Row, ann: Ann, weight: int) -> None:
         """Adds ``weight`` to ``(row, ann)``; a resulting zero removes the entry."""
-        if weight == 0:
-            return
-        key = (row, ann)
-        w = self._w.get(key, 0) + weight
-        if w == 0:
-            del self._w[key]
-        else:
-            self._w[key] = w
+        if weight:
+            weights = self._w
+            key = (row, ann)
+            w = weights.get(key, 0) + weight
+            if w:
+                weights[key] = w
+            else:
+                del weights[key]
 
     def extend(self, other: ZSet, scale: int = 1) -> None:
         """In place: ``self += scale * other``."""
-        for (row, ann), w in other._w.items():
-            self.add(row, ann, w * scale)
+        if not scale:
+            return
+        weights = self._w
+        get = weights.get
+        for key, w in other._w.items():
+            w = get(key, 0) + w * scale
+            if w:
+                weights[key] = w
+            else:
+                del weights[key]
+
+    def items(self) -> ItemsView[tuple[Row, Ann], int]:
+        """``(row, ann) -> weight`` as a read-only view: tight loops iterate it instead of
+        :meth:`__iter__`, which builds an :data:`Entry` tuple per row through a generator."""
+        return self._w.items()
 
     def weight(self, row: Row, ann: Ann) -> int:
         return self._w.get((row, ann), 0)

@@ -77,6 +77,8 @@ def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
 
     Integer arithmetic on ``total = n / 10**scale`` (the Fraction version,
     :func:`_pg_numeric_div_fraction`, spent most of the time of avg maintenance); same result."""
+    if type(total) is int and count > 0:
+        return _int_div(total, count)
     if isinstance(total, Decimal):
         if not total.is_finite():
             return _pg_numeric_div_fraction(total, count)
@@ -108,6 +110,26 @@ def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
         digits += 1
     # from text: exact (no context rounding) and cheaper than building a digit tuple
     return Decimal(("-" if negative else "") + str(digits) + "E-" + str(rscale))
+
+
+def _int_div(total: int, count: int) -> Decimal:
+    """:func:`pg_numeric_div` for an int ``total`` and ``count > 0`` (avg of an int column):
+    scale 0 drops the Decimal decoding and half of the weight arithmetic."""
+    n = -total if total < 0 else total
+    if n:
+        e = len(str(n)) - 1              # floor(log10(n))
+        w1 = e // 4
+        d1 = n // 10 ** (4 * w1)
+    else:
+        w1 = d1 = 0
+    e = len(str(count)) - 1
+    w2 = e // 4
+    d2 = count // 10 ** (4 * w2)
+    rscale = min(max(16 - (w1 - w2 - (1 if d1 <= d2 else 0)) * 4, 0), 1000)
+    digits, rem = divmod(n * 10 ** rscale, count)
+    if 2 * rem >= count:
+        digits += 1
+    return Decimal(("-" if total < 0 else "") + str(digits) + "E-" + str(rscale))
 
 
 class CountAcc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, cast
 
 from sketches.ivm.codec import Json, decode_row, encode_row
@@ -41,6 +42,8 @@ from sketches.ivm.ops.accumulators import (
 from sketches.ivm.zset import Ann, Row, ZSet
 
 Refill = Callable[[Row, int], tuple[Sequence[tuple[object, int]], bool]]
+
+_RECENT_LIMIT = 10_000   # groups whose last output row is kept (bounds the cache's memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +79,25 @@ class GroupState:
             else:
                 del counter[f]
 
+    def add_ann(self, ann: Ann, weight: int) -> bool:
+        """:meth:`add_frags` for every fragment of ``ann``; True when a fragment appeared or
+        disappeared, i.e. when :meth:`ann` may differ from before (else the old one is reused)."""
+        changed = False
+        for counter, frags in zip(self.frags, ann, strict=True):
+            for f in frags:
+                c = counter.get(f, 0) + weight
+                if c > 0:
+                    counter[f] = c
+                    changed = changed or c == weight
+                elif c == 0:
+                    del counter[f]
+                    changed = True
+                else:
+                    raise InconsistentDelta(f"fragment {f} counted below zero")
+        return changed
+
     def ann(self) -> Ann:
-        return tuple(frozenset(c) for c in self.frags)
+        return tuple(map(frozenset, self.frags))
 
 
 class Aggregate(Operator):
@@ -96,6 +116,13 @@ class Aggregate(Operator):
         self.refill = refill
         self.groups: dict[Row, GroupState] = {}
         self.scalar_emitted = False
+        self._args = tuple(a.arg for a in self.aggs)
+        self._key_of = _key_function(self.group_by)
+        self._buffered = any(a.func in ("min", "max") for a in self.aggs)
+        # group key -> output row emitted by the last step (at most _RECENT_LIMIT groups): a
+        # group touched again next step reuses it as its old row instead of recomputing every
+        # result() (avg's division). Not persisted; every other state change clears it.
+        self._recent: dict[Row, Row] = {}
 
     # -- state -------------------------------------------------------------------------------
     def _new_group(self) -> GroupState:
@@ -109,7 +136,7 @@ class Aggregate(Operator):
         return key + tuple([acc.result() for acc in st.accs]), st.ann()
 
     def group_key(self, row: Row) -> Row:
-        return tuple(row[i] for i in self.group_by)
+        return self._key_of(row)
 
     # -- incremental step --------------------------------------------------------------------
     def step(self, delta: ZSet) -> ZSet:
@@ -118,34 +145,67 @@ class Aggregate(Operator):
             self.groups.setdefault((), self._new_group())
             old[()] = None
             self.scalar_emitted = True
-        groups, group_by = self.groups, self.group_by
-        args = [a.arg for a in self.aggs]
-        for row, ann, w in delta:
-            key = tuple([row[i] for i in group_by])
+        recent, self._recent = self._recent, {}   # an exception leaves no stale cache
+        reann = self._apply(delta, old, recent)
+        if self._buffered:
+            self._settle_buffers(old)
+        return self._emit(old, reann)
+
+    def _apply(self, delta: ZSet, old: dict[Row, tuple[Row, Ann] | None],
+               recent: dict[Row, Row]) -> set[Row]:
+        """Adds the delta rows to their groups, first remembering the old output of each group
+        in ``old`` (its row from ``recent`` when the last step emitted it); returns the groups
+        whose set of fragments changed (the others keep their old annotation object: no new
+        frozenset, and :class:`Merge` skips equal annotations)."""
+        groups, scalar, key_of, new_group = self.groups, self.scalar, self._key_of, self._new_group
+        args = self._args
+        reann: set[Row] = set()
+        for (row, ann), w in delta.items():
+            key = key_of(row)
             st = groups.get(key)
             if st is None:
-                st = groups[key] = self._new_group()
+                st = groups[key] = new_group()
             if key not in old:
-                old[key] = self._output(key, st) if self._exists(st) else None
+                if st.count > 0 or scalar:
+                    before = recent.get(key)
+                    old[key] = self._output(key, st) if before is None else (before, st.ann())
+                else:
+                    old[key] = None
             st.count += w
-            st.add_frags([(s, f) for s, fs in enumerate(ann) for f in fs], w)
+            if st.add_ann(ann, w):
+                reann.add(key)
             for arg, acc in zip(args, st.accs, strict=True):
                 acc.add(1 if arg is None else row[arg], w)
-        self._settle_buffers(old)
-        out = ZSet()
+        return reann
+
+    def _emit(self, old: dict[Row, tuple[Row, Ann] | None], reann: set[Row]) -> ZSet:
+        """``−old row +new row`` of every touched group (built as a dict: identical pairs
+        cancel); drops groups that became empty."""
+        out: dict[tuple[Row, Ann], int] = {}
+        groups, scalar = self.groups, self.scalar
+        recent: dict[Row, Row] = {}
         for key, before in old.items():
-            st = self.groups[key]
+            st = groups[key]
             if st.count < 0:
                 raise InconsistentDelta(f"group {key!r} counted below zero")
-            if before is not None:
-                out.add(before[0], before[1], -1)
-            if self._exists(st):
-                out.add(*self._output(key, st), 1)
+            if st.count > 0 or scalar:
+                ann = before[1] if before is not None and key not in reann else st.ann()
+                after = (key + tuple([acc.result() for acc in st.accs]), ann)
+                recent[key] = after[0]
+                if before is None:
+                    out[after] = 1
+                elif after != before:
+                    out[before] = -1
+                    out[after] = out.get(after, 0) + 1
             else:
                 if any(st.frags):
                     raise InconsistentDelta(f"empty group {key!r} still counts fragments")
-                del self.groups[key]
-        return out
+                del groups[key]
+                if before is not None:
+                    out[before] = -1
+        if len(recent) <= _RECENT_LIMIT:
+            self._recent = recent
+        return ZSet.from_dict({k: w for k, w in out.items() if w})
 
     def _settle_buffers(self, touched: Iterable[Row]) -> None:
         dry: list[tuple[Row, int]] = []
@@ -175,6 +235,7 @@ class Aggregate(Operator):
         """Adds one row of ``SELECT g, frag…, count(*), partials… GROUP BY g, frag…``:
         ``partials[i]`` is the non-NULL count for count/min/max and ``(sum, non-NULL count)`` for
         sum/avg. min/max values are loaded afterwards by :meth:`load_values`."""
+        self._recent = {}
         st = self.groups.get(key)
         if st is None:
             st = self.groups[key] = self._new_group()
@@ -191,6 +252,7 @@ class Aggregate(Operator):
 
     def load_values(self, key: Row, agg_index: int, values: Sequence[tuple[object, int]],
                     complete: bool) -> None:
+        self._recent = {}
         acc = self.groups[key].accs[agg_index]
         if not isinstance(acc, ValueBuffer):
             raise TypeError(f"aggregate {agg_index} is not min/max")
@@ -220,6 +282,7 @@ class Aggregate(Operator):
         check_kind(self.kind, state)
         self.scalar_emitted = bool(state["scalar_emitted"])
         self.groups = {}
+        self._recent = {}
         for key, count, frags, accs in state["groups"]:
             st = self._new_group()
             st.count = int(count)
@@ -227,3 +290,13 @@ class Aggregate(Operator):
             for acc, data in zip(st.accs, accs, strict=True):
                 acc.restore(data)
             self.groups[decode_row(key)] = st
+
+
+def _key_function(cols: tuple[int, ...]) -> Callable[[Row], Row]:
+    """``row -> tuple(row[i] for i in cols)`` without a generator per row."""
+    if not cols:
+        return lambda row: ()
+    if len(cols) == 1:
+        col = cols[0]
+        return lambda row: (row[col],)
+    return cast(Callable[[Row], Row], itemgetter(*cols))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import InconsistentDelta
 from sketches.ivm.operator import check_kind
-from sketches.ivm.zset import ZSet
+from sketches.ivm.zset import Ann, ZSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +41,11 @@ class Merge:
         added: list[set[int]] = [set() for _ in range(self.slots)]
         removed: list[set[int]] = [set() for _ in range(self.slots)]
         changes: list[dict[int, int]] = [{} for _ in range(self.slots)]
-        for _row, ann, w in delta:
-            for slot, frags in enumerate(ann):
-                ch = changes[slot]
-                for f in frags:
-                    ch[f] = ch.get(f, 0) + w
+        for ann, w in _weights_per_ann(delta).items():
+            if w:
+                for ch, frags in zip(changes, ann, strict=True):
+                    for f in frags:
+                        ch[f] = ch.get(f, 0) + w
         for slot, ch in enumerate(changes):
             counts = self.counts[slot]
             for f, d in ch.items():
@@ -75,3 +75,14 @@ class Merge:
     def restore(self, state: dict[str, Json]) -> None:
         check_kind(self.kind, state)
         self.counts = [{int(f): int(c) for f, c in slot} for slot in state["counts"]]
+
+
+def _weights_per_ann(delta: ZSet) -> dict[Ann, int]:
+    """Weights summed per annotation: the counters are linear in the weights, and an
+    aggregate's ``−old +new`` pair of a group whose fragments did not change shares one
+    annotation object, which cancels here instead of costing a counter update per fragment."""
+    out: dict[Ann, int] = {}
+    get = out.get
+    for (_row, ann), w in delta.items():
+        out[ann] = get(ann, 0) + w
+    return out

@@ -13,7 +13,7 @@ Delta rule: the annotation of a tuple depends on the tuple alone, so annotating 
 from __future__ import annotations
 
 from sketches.ivm.operator import Operator
-from sketches.ivm.zset import Ann, ZSet
+from sketches.ivm.zset import Ann, Row, ZSet, empty_ann
 
 
 class Scan(Operator):
@@ -28,19 +28,37 @@ class Scan(Operator):
         self._anns: dict[int, Ann] = {}
 
     def step(self, delta: ZSet) -> ZSet:
-        out = ZSet()
-        for row, _ann, w in delta:
-            out.add(*self.annotate(row), w)
-        return out
+        # builds the output dict in place: annotate() and ZSet.add per row were most of the cost
+        out: dict[tuple[Row, Ann], int] = {}
+        get = out.get
+        col = self.frag_col
+        if self.slot is None or col is None:
+            ann = empty_ann(self.slots)
+            keys = (((row, ann), w) for (row, _a), w in delta.items())
+        else:
+            keys = (((row[:col] + row[col + 1:], self._ann_of(row[col])), w)
+                    for (row, _a), w in delta.items())
+        for key, w in keys:
+            s = get(key, 0) + w
+            if s:
+                out[key] = s
+            else:
+                del out[key]
+        return ZSet.from_dict(out)
 
-    def annotate(self, row: tuple[object, ...]) -> tuple[tuple[object, ...], Ann]:
-        if self.slot is None or self.frag_col is None:
-            return row, tuple(frozenset() for _ in range(self.slots))
-        frag = row[self.frag_col]
+    def _ann_of(self, frag: object) -> Ann:
+        """The annotation of fragment ``frag``, one per fragment shared by its rows (immutable)."""
         if not isinstance(frag, int):
             raise TypeError(f"fragment id must be an int, got {frag!r}")
         ann = self._anns.get(frag)
-        if ann is None:   # one annotation per fragment, shared by its rows (immutable)
+        if ann is None:
             ann = self._anns[frag] = tuple(frozenset((frag,)) if i == self.slot else frozenset()
                                            for i in range(self.slots))
-        return row[:self.frag_col] + row[self.frag_col + 1:], ann
+        return ann
+
+    def annotate(self, row: Row) -> tuple[Row, Ann]:
+        if self.slot is None or self.frag_col is None:
+            return row, empty_ann(self.slots)
+        col = self.frag_col
+        return row[:col] + row[col + 1:], self._ann_of(row[col])
+

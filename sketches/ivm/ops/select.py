@@ -8,7 +8,7 @@ subtree below the selection is stateless the predicate is pushed into the delta 
 
 from __future__ import annotations
 
-from sketches.ivm.expr import Expr, holds
+from sketches.ivm.expr import Expr
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import ZSet
 
@@ -20,4 +20,6 @@ class Select(Operator):
         self.predicate = predicate
 
     def step(self, delta: ZSet) -> ZSet:
-        return ZSet((row, ann, w) for row, ann, w in delta if holds(self.predicate, row))
+        # holds() inlined: `eval(row) is True`; a filtered consolidated dict stays consolidated
+        test = self.predicate.eval
+        return ZSet.from_dict({key: w for key, w in delta.items() if test(key[0]) is True})

@@ -94,6 +94,25 @@ def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
     return tuple(parts)
 
 
+def order_key_function(order: Sequence[OrderItem]) -> Callable[[Row], tuple[object, ...]]:
+    """:func:`order_key` bound to ``order``; one ORDER BY item (the common case) gets a
+    closure without the per-row list and loop."""
+    if len(order) != 1:
+        return lambda row: order_key(row, order)
+    item = order[0]
+    col, descending = item.col, item.descending
+    null_key = ((0 if item.nulls_go_first else 2, 0),)
+
+    def key(row: Row) -> tuple[object, ...]:
+        v = row[col]
+        if v is None:
+            return null_key
+        if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
+            raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
+        return ((1, _desc(v) if descending else v),)
+    return key
+
+
 def _desc(v: Any) -> object:
     """A key ordering like ``v`` reversed. Numbers are negated exactly (int, float without NaN,
     finite or infinite Decimal via ``copy_negate``, which never rounds): comparing them is C code,
@@ -139,15 +158,18 @@ class TopK(Operator):
         self.total = 0
         self.complete = True
         self.bound_row: Row | None = None          # a row whose O-key is the bound
-
-    def _okey(self, row: Row) -> tuple[object, ...]:
-        return order_key(row, self.order)
+        self._okey = order_key_function(self.order)
+        self._bound_of: Row | None = None          # the row _bound_key was computed from
+        self._bound_key: tuple[object, ...] = ()
 
     def _inside(self, okey: tuple[object, ...]) -> bool:
         if self.complete:
             return True
-        assert self.bound_row is not None
-        return bool(okey <= self._okey(self.bound_row))
+        bound = self.bound_row
+        assert bound is not None
+        if bound is not self._bound_of:   # the bound's O-key, computed once per bound row
+            self._bound_key, self._bound_of = self._okey(bound), bound
+        return bool(okey <= self._bound_key)
 
     def top(self) -> ZSet:
         return top_with_ties(self.entries.items(), self.k)
@@ -172,8 +194,9 @@ class TopK(Operator):
 
     def step(self, delta: ZSet) -> ZSet:
         before = self.top()
-        for row, ann, w in delta:
-            self._add(row, ann, w)
+        add = self._add
+        for (row, ann), w in delta.items():
+            add(row, ann, w)
         if not self.complete and self.total < self.k:
             if self.refill is None:
                 raise BufferExhausted(self.kind, [()])
