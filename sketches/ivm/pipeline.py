@@ -449,8 +449,8 @@ class Pipeline:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
-        fetched = [ZSet((tuple(r[:-1]), (), int(r[-1])) for r in table_rows)
-                   for table_rows in rows]
+        fetched = [self._delta_zset(t, table_rows)
+                   for t, table_rows in zip(self.spec.tables, rows, strict=True)]
         if not any(fetched):
             self.version = current
             return empty
@@ -506,7 +506,23 @@ class Pipeline:
 
     def _delta_query(self, conn: Conn, t: TableSpec, info: deltas.TableInfo) -> deltas.DeltaQuery:
         cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
-        return deltas.delta_query(conn, info, t.alias, cols, [_cond(w) for w in t.where])
+        conds = [_cond(w) for w in t.where]
+        if not self._unpushed(t):
+            return deltas.delta_query(conn, info, t.alias, cols, conds)
+        # Options.pushdown off: every audit row crosses the wire with the conjunction's value
+        # (PostgreSQL's semantics), and _delta_zset drops the rows where it is not true
+        return deltas.delta_query(conn, info, t.alias,
+                                  [*cols, sql.SQL("({})").format(sql.SQL(" AND ").join(conds))])
+
+    def _unpushed(self, t: TableSpec) -> bool:
+        """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""
+        return not self.spec.options.pushdown and bool(t.where)
+
+    def _delta_zset(self, t: TableSpec, rows: Sequence[tuple[Any, ...]]) -> ZSet:
+        """Delta rows ``(*payload, fragment, [where value,] _mult)`` of ``t`` as a Z-set."""
+        if not self._unpushed(t):
+            return ZSet((tuple(r[:-1]), (), int(r[-1])) for r in rows)
+        return ZSet((tuple(r[:-2]), (), int(r[-1])) for r in rows if r[-2] is True)
 
     def _step(self, fetched: list[ZSet]) -> ZSet:
         scanned = [scan.step(z) for scan, z in zip(self.scans, fetched, strict=True)]

@@ -53,11 +53,19 @@ class Options:
     ``join_filter``: key membership filters skip partner lookups that cannot match
     (:mod:`sketches.ivm.keyfilter`; single-column join keys). Off by default: building it
     (``SELECT DISTINCT key`` per side) more than doubled build_state for a 100k ⋈ 1M join
-    (1.1 s → 2.5 s), while a skipped lookup saves one indexed round trip."""
+    (1.1 s → 2.5 s), while a skipped lookup saves one indexed round trip.
+
+    ``pushdown``: a table's WHERE conjuncts filter its delta fetch in SQL. Off, the fetch
+    returns every audit row plus the conjunction's value (still PostgreSQL's semantics: NULL
+    drops a row) and ``Pipeline.maintain`` drops the rows that fail it in Python — the
+    unpushed plan, kept only to measure what push-down saves (``bench.ablation_bench``).
+    It is left out of ``repr`` and so of the plan fingerprint: it changes how deltas travel,
+    never the state, so a state persisted under one setting is valid under the other."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
     join_filter: bool = False
+    pushdown: bool = field(default=True, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

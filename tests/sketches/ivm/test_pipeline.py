@@ -6,6 +6,7 @@ snapshot (which implies maintained ⊇ accurate) and a freshly built state."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 import pg_extensions
+from sketches import deltas
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import Invalidated
 from sketches.ivm.pipeline import Pipeline
@@ -128,6 +130,34 @@ JOIN_TOPK = Case(
     Options(topk_buffer=3))
 
 
+WHERE_AGG_WHERE = "t.v < 4 AND t.w <> 2"   # NULL v or w: unknown, the row is out
+WHERE_AGG = Case(
+    f"SELECT t.g, count(*), min(t.w), max(t.v) FROM s1 t WHERE {WHERE_AGG_WHERE}"
+    " GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0",
+    (SketchTarget(0, "g", G_PART),),
+    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t"
+    f" WHERE {WHERE_AGG_WHERE} GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0) h"
+    " ON x.g IS NOT DISTINCT FROM h.g WHERE x.v < 4 AND x.w <> 2",
+    Options(pushdown=False, minmax_buffer=None))
+
+WHERE_JOIN_WHERE = "s.b < 5 AND r.a > 2"
+WHERE_JOIN = Case(
+    "SELECT r.g, count(*), min(s.b) FROM r JOIN s ON s.rid = r.id"
+    f" WHERE {WHERE_JOIN_WHERE} GROUP BY r.g HAVING count(*) >= 2 OR min(s.b) < 0",
+    (SketchTarget(0, "g", RG_PART), SketchTarget(1, "rid", SRID_PART)),
+    "WITH q AS (SELECT r.g FROM r JOIN s ON s.rid = r.id"
+    f"  WHERE {WHERE_JOIN_WHERE} GROUP BY r.g HAVING count(*) >= 2 OR min(s.b) < 0),"
+    " j AS (SELECT r.*, s.rid FROM r JOIN s ON s.rid = r.id JOIN q ON r.g IS NOT DISTINCT FROM q.g"
+    f"  WHERE {WHERE_JOIN_WHERE})"
+    f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
+    f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
+    Options(pushdown=False, join_filter=True, minmax_buffer=1))
+
+
+def with_options(case: Case, **changes: Any) -> Case:
+    return dataclasses.replace(case, options=dataclasses.replace(case.options, **changes))
+
+
 def exact_sketch(conn: Conn, case: Case) -> tuple[frozenset[int], ...]:
     found: list[set[int]] = [set() for _ in case.targets]
     for slot, f in conn.execute(case.exact.encode()).fetchall():
@@ -213,6 +243,14 @@ JOIN_OPS = st.one_of(
 )
 
 
+# JOIN_OPS plus updates of the columns WHERE_JOIN filters on: rows cross the WHERE both ways
+WHERE_JOIN_OPS = st.one_of(
+    JOIN_OPS,
+    st.tuples(st.just("r_revalue"), st.integers(1, 14), maybe),
+    st.tuples(st.just("s_revalue"), st.integers(1, 40), maybe),
+)
+
+
 def apply_join(c: Conn, op: tuple[Any, ...]) -> None:
     kind = op[0]
     if kind == "r_insert":
@@ -237,6 +275,10 @@ def apply_join(c: Conn, op: tuple[Any, ...]) -> None:
     elif kind == "pair_delete":
         c.execute("DELETE FROM s WHERE rid = %s", (op[1],))
         c.execute("DELETE FROM r WHERE id = %s", (op[1],))
+    elif kind == "r_revalue":
+        c.execute("UPDATE r SET a = %s WHERE id = %s", (op[2], op[1]))
+    elif kind == "s_revalue":
+        c.execute("UPDATE s SET b = %s WHERE id = %s", (op[2], op[1]))
     elif kind == "s_drop_min":
         c.execute("DELETE FROM s WHERE id IN (SELECT s.id FROM s JOIN r ON s.rid = r.id"
                   " WHERE r.g IS NOT DISTINCT FROM (SELECT g FROM r WHERE id = %s)"
@@ -314,6 +356,66 @@ def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> Non
 def test_join_sequences(db: str, case: Case, data: st.DataObject) -> None:
     reset(db, ("r", "s"), seed_join)
     run_sequence(db, case, data, JOIN_OPS, apply_join)
+
+
+UNPUSHED_SINGLE = [WHERE_AGG, with_options(WHERE_AGG, minmax_buffer=1),
+                   with_options(WHERE_AGG, pushdown=True),
+                   with_options(SCALAR, pushdown=False),
+                   with_options(TOPK_ROWS, pushdown=False)]
+
+
+@pytest.mark.parametrize("case", UNPUSHED_SINGLE,
+                         ids=["where-unpushed-all-values", "where-unpushed-buffer1",
+                              "where-pushed", "scalar-unpushed", "topk-rows-unpushed"])
+@SETTINGS
+@given(data=st.data())
+def test_where_sequences_with_and_without_pushdown(db: str, case: Case,
+                                                   data: st.DataObject) -> None:
+    """Options.pushdown off: the delta fetch returns rows failing the WHERE (revalue moves rows
+    across ``v < 4 AND w <> 2``, NULLs make it unknown); maintain must drop them itself."""
+    reset(db, ("s1",), seed_s1)
+    run_sequence(db, case, data, S1_OPS, apply_s1)
+
+
+UNPUSHED_JOIN = [WHERE_JOIN, with_options(WHERE_JOIN, minmax_buffer=None),
+                 with_options(WHERE_JOIN, pushdown=True),
+                 with_options(JOIN_TOPK, pushdown=False, join_filter=True)]
+
+
+@pytest.mark.parametrize("case", UNPUSHED_JOIN,
+                         ids=["where-unpushed-filter-buffer1", "where-unpushed-filter-all-values",
+                              "where-pushed-filter", "topk-unpushed-filter"])
+@settings(SETTINGS, max_examples=10)
+@given(data=st.data())
+def test_join_where_sequences_with_and_without_pushdown(db: str, case: Case,
+                                                        data: st.DataObject) -> None:
+    reset(db, ("r", "s"), seed_join)
+    run_sequence(db, case, data, WHERE_JOIN_OPS, apply_join)
+
+
+def test_unpushed_fetch_carries_rows_failing_the_where(db: str) -> None:
+    """Pushdown off really ships the failing rows (with the WHERE value) and drops them in
+    Python; the state is the same either way, so the plan fingerprint ignores the option."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, WHERE_AGG)
+    pushed = compile(analyse(WHERE_AGG.query), WHERE_AGG.targets, None,
+                     with_options(WHERE_AGG, pushdown=True).options)
+    assert pipe.spec.fingerprint() == pushed.spec.fingerprint()
+    since = pipe.version
+    assert since is not None
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("INSERT INTO s1 VALUES (900, 1, 7, 1), (901, 1, NULL, 1), (902, 1, 0, 2)")
+    check(db, pipe, WHERE_AGG)
+    assert pipe.applied == 0 and pipe._queries is not None
+    with snapshot_conn(db) as c:
+        rows = deltas.fetch_query(c, pipe._queries[0], since)
+        c.commit()
+    assert sorted((r[-2] for r in rows), key=repr) == [False, False, None]
+    pushed.restore(json.loads(json.dumps(pipe.snapshot())))
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE s1 SET v = 0, w = 0 WHERE id = 900")   # now passes the WHERE
+    check(db, pushed, WHERE_AGG)
+    assert pushed.applied == 1
 
 
 def test_persisted_state_resumes_after_restart(db: str) -> None:
