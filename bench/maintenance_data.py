@@ -12,7 +12,8 @@ columns linear in ``a`` plus Gaussian noise. Join partners:
 
 Query shapes follow the paper's Appendix A.1: GROUP BY/HAVING with 1, 2, 3 and 10 aggregates,
 50/1K/5K/500K groups, 1-n and m-n joins at 1/5/10 % selectivity, a top-k over groups and one
-over rows, and fragment counts 10 … 5000. HAVING thresholds are quantiles of the groups'
+over rows, and fragment counts 10 … 5000 (plus ``where-<p>%``, a selective WHERE on r, for the
+ablation benchmark only). HAVING thresholds are quantiles of the groups'
 aggregate values (computed from the data), so each sketch covers a few percent of the groups.
 
 Deltas are mixed: a third inserts (new ids), a third updates (noise on the value columns, half
@@ -200,6 +201,23 @@ def _join_shape(conn: Conn, kind: str, p: int) -> Shape:
     return Shape(f"join-{kind}-{p}%", f"join-{kind}", query.as_string(conn), 1000, note)
 
 
+def _where_shape(conn: Conn, name: str, pct: int) -> Shape:
+    """A selective WHERE on r (``c`` below its ``pct`` % quantile) under GROUP BY a HAVING:
+    the shape where pushing the WHERE into the delta fetch matters (``bench.ablation_bench``).
+    Not in :func:`all_shape_names` (the maintenance benchmark does not run it)."""
+    r = sql.Identifier(R)
+    row = conn.execute(sql.SQL("SELECT percentile_disc({}) WITHIN GROUP (ORDER BY c) FROM {}")
+                       .format(sql.Literal(pct / 100), r)).fetchone()
+    assert row is not None
+    group, agg = sql.Identifier("r", "a"), sql.SQL("sum(r.b)")
+    from_ = sql.SQL("FROM {} AS r WHERE r.c < {}").format(r, sql.Literal(row[0]))
+    (th,) = _quantiles(conn, [agg], from_, group, 0.97)
+    query = sql.SQL("SELECT {g}, count(*), {agg} {f} GROUP BY {g} HAVING {agg} >= {th}").format(
+        g=group, agg=agg, f=from_, th=sql.Literal(th))
+    return Shape(name, "where", query.as_string(conn), 1000,
+                 f"WHERE r.c < its {pct} % quantile, GROUP BY r.a HAVING sum(b)")
+
+
 def all_shape_names() -> list[str]:
     names = [f"groups-{g}" for g in ("50", "1K", "5K", "500K")]
     names += [f"aggs-{n}" for n in (2, 3, 10)]
@@ -228,6 +246,8 @@ def build_shape(conn: Conn, name: str, groups: Groups) -> Shape:
     if family == "join":
         kind, _, pct = arg.partition("-")
         return _join_shape(conn, kind, int(pct.rstrip("%")))
+    if family == "where":
+        return _where_shape(conn, name, int(arg.rstrip("%")))
     if name == "topk-groups":
         query = sql.SQL("SELECT r.a, sum(r.b) FROM {} AS r GROUP BY r.a"
                         " ORDER BY sum(r.b) DESC, r.a LIMIT 10").format(sql.Identifier(R))
