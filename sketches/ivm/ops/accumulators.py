@@ -112,24 +112,29 @@ def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
     return Decimal(("-" if negative else "") + str(digits) + "E-" + str(rscale))
 
 
+_POW10 = tuple(10 ** i for i in range(80))
+
+
+def _pow10(k: int) -> int:
+    return _POW10[k] if k < 80 else 10 ** k
+
+
 def _int_div(total: int, count: int) -> Decimal:
     """:func:`pg_numeric_div` for an int ``total`` and ``count > 0`` (avg of an int column):
-    scale 0 drops the Decimal decoding and half of the weight arithmetic."""
+    scale 0 drops the Decimal decoding; powers of ten come from a table."""
     n = -total if total < 0 else total
     if n:
-        e = len(str(n)) - 1              # floor(log10(n))
-        w1 = e // 4
-        d1 = n // 10 ** (4 * w1)
+        w1 = (len(str(n)) - 1) // 4          # floor(log10(n)) // 4
+        d1 = n // _pow10(4 * w1)
     else:
         w1 = d1 = 0
-    e = len(str(count)) - 1
-    w2 = e // 4
-    d2 = count // 10 ** (4 * w2)
+    w2 = (len(str(count)) - 1) // 4
+    d2 = count // _pow10(4 * w2)
     rscale = min(max(16 - (w1 - w2 - (1 if d1 <= d2 else 0)) * 4, 0), 1000)
-    digits, rem = divmod(n * 10 ** rscale, count)
+    digits, rem = divmod(n * _pow10(rscale), count)
     if 2 * rem >= count:
         digits += 1
-    return Decimal(("-" if total < 0 else "") + str(digits) + "E-" + str(rscale))
+    return Decimal(f"-{digits}E-{rscale}" if total < 0 else f"{digits}E-{rscale}")
 
 
 class CountAcc:

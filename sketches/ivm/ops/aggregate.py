@@ -118,7 +118,7 @@ class Aggregate(Operator):
         self.scalar_emitted = False
         self._args = tuple(a.arg for a in self.aggs)
         self._key_of = _key_function(self.group_by)
-        self._buffered = any(a.func in ("min", "max") for a in self.aggs)
+        self._buffered = [i for i, a in enumerate(self.aggs) if a.func in ("min", "max")]
         # group key -> output row emitted by the last step (at most _RECENT_LIMIT groups): a
         # group touched again next step reuses it as its old row instead of recomputing every
         # result() (avg's division). Not persisted; every other state change clears it.
@@ -209,13 +209,15 @@ class Aggregate(Operator):
 
     def _settle_buffers(self, touched: Iterable[Row]) -> None:
         dry: list[tuple[Row, int]] = []
+        groups, buffered = self.groups, self._buffered
         for key in touched:
-            for i, acc in enumerate(self.groups[key].accs):
-                if isinstance(acc, ValueBuffer):
-                    if acc.exhausted:
-                        dry.append((key, i))
-                    else:
-                        acc.trim()
+            accs = groups[key].accs
+            for i in buffered:
+                buf = cast(ValueBuffer, accs[i])
+                if buf.exhausted:
+                    dry.append((key, i))
+                else:
+                    buf.trim()
         if not dry:
             return
         if self.refill is None:

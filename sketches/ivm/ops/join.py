@@ -20,8 +20,8 @@ Output rows are ``left row + right row``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, cast
 
 from sketches.ivm.codec import Json, decode_zset, encode_zset
 from sketches.ivm.operator import check_kind
@@ -46,6 +46,20 @@ class JoinBackend(Protocol):
 def key_of(row: Row, cols: Sequence[int]) -> Key | None:
     key = tuple(row[c] for c in cols)
     return None if any(v is None for v in key) else key
+
+
+def key_function(cols: Sequence[int]) -> Callable[[Row], Key | None]:
+    """:func:`key_of` bound to ``cols``; a single join column (the common case) gets a closure
+    without the per-row generators."""
+    if len(cols) != 1:
+        cols = tuple(cols)
+        return lambda row: key_of(row, cols)
+    col = cols[0]
+
+    def key(row: Row) -> Key | None:
+        v = row[col]
+        return None if v is None else (v,)
+    return key
 
 
 class InMemoryJoinBackend:
@@ -83,13 +97,15 @@ def hash_join(left: Iterable[Entry], right: Iterable[Entry], left_key: Sequence[
               right_key: Sequence[int]) -> ZSet:
     """``left ⋈ right`` on the key columns: rows concatenated, P united, weights multiplied."""
     index: dict[Key, list[Entry]] = defaultdict(list)
+    rkey = key_function(right_key)
     for entry in right:
-        k = key_of(entry[0], right_key)
+        k = rkey(entry[0])
         if k is not None:
             index[k].append(entry)
     out = ZSet()
+    lkey = key_function(left_key)
     for lrow, lann, lw in left:
-        k = key_of(lrow, left_key)
+        k = lkey(lrow)
         if k is None:
             continue
         for rrow, rann, rw in index.get(k, ()):
@@ -113,8 +129,8 @@ class Join:
     def step(self, left: ZSet, right: ZSet) -> ZSet:
         self.backend.advance(left, right)
         out = ZSet()
-        lkeys = {k for r, _a, _w in left if (k := key_of(r, self.left_key)) is not None}
-        rkeys = {k for r, _a, _w in right if (k := key_of(r, self.right_key)) is not None}
+        lkeys = _keys(left, self.left_key)
+        rkeys = _keys(right, self.right_key)
         if lkeys:   # ΔR ⋈ S'
             out.extend(hash_join(left, self.backend.right_matching(lkeys),
                                  self.left_key, self.right_key))
@@ -134,3 +150,11 @@ class Join:
         restore = getattr(self.backend, "restore", None)
         if restore is not None and state.get("backend") is not None:
             restore(state["backend"])
+
+
+def _keys(delta: ZSet, cols: Sequence[int]) -> set[Key]:
+    """The non-NULL join keys of the rows of ``delta``."""
+    key = key_function(cols)
+    keys = {key(row) for (row, _ann), _w in delta.items()}
+    keys.discard(None)
+    return cast(set[Key], keys)

@@ -32,13 +32,17 @@ class Scan(Operator):
         out: dict[tuple[Row, Ann], int] = {}
         get = out.get
         col = self.frag_col
-        if self.slot is None or col is None:
-            ann = empty_ann(self.slots)
-            keys = (((row, ann), w) for (row, _a), w in delta.items())
-        else:
-            keys = (((row[:col] + row[col + 1:], self._ann_of(row[col])), w)
-                    for (row, _a), w in delta.items())
-        for key, w in keys:
+        anns = self._anns
+        empty = empty_ann(self.slots)
+        for (row, _a), w in delta.items():
+            if col is None:
+                key = (row, empty)
+            else:
+                frag = row[col]
+                ann = anns.get(frag) if type(frag) is int else None
+                if ann is None:
+                    ann = self._ann_of(frag)
+                key = (row[:col] + row[col + 1:], ann)
             s = get(key, 0) + w
             if s:
                 out[key] = s

@@ -95,21 +95,21 @@ def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
 
 
 def order_key_function(order: Sequence[OrderItem]) -> Callable[[Row], tuple[object, ...]]:
-    """:func:`order_key` bound to ``order``; one ORDER BY item (the common case) gets a
-    closure without the per-row list and loop."""
-    if len(order) != 1:
-        return lambda row: order_key(row, order)
-    item = order[0]
-    col, descending = item.col, item.descending
-    null_key = ((0 if item.nulls_go_first else 2, 0),)
+    """:func:`order_key` bound to ``order``: the per-item attributes (and the NULLs-first
+    property) are looked up once, not once per row."""
+    items = [(item.col, item.descending, (0 if item.nulls_go_first else 2, 0)) for item in order]
 
     def key(row: Row) -> tuple[object, ...]:
-        v = row[col]
-        if v is None:
-            return null_key
-        if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
-            raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
-        return ((1, _desc(v) if descending else v),)
+        parts: list[object] = []
+        for col, descending, null_part in items:
+            v = row[col]
+            if v is None:
+                parts.append(null_part)
+                continue
+            if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
+                raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
+            parts.append((1, _desc(v) if descending else v))
+        return tuple(parts)
     return key
 
 
