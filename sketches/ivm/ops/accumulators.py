@@ -112,11 +112,12 @@ def pg_numeric_div(total: int | Decimal, count: int) -> Decimal:
     return Decimal(("-" if negative else "") + str(digits) + "E-" + str(rscale))
 
 
-_POW10 = tuple(10 ** i for i in range(80))
+_POW10: tuple[int, ...] = tuple(10 ** i for i in range(80))
 
 
 def _pow10(k: int) -> int:
-    return _POW10[k] if k < 80 else 10 ** k
+    """``10 ** k`` for ``k >= 0``."""
+    return _POW10[k] if k < 80 else int(10 ** k)
 
 
 def _int_div(total: int, count: int) -> Decimal:

@@ -79,23 +79,6 @@ class GroupState:
             else:
                 del counter[f]
 
-    def add_ann(self, ann: Ann, weight: int) -> bool:
-        """:meth:`add_frags` for every fragment of ``ann``; True when a fragment appeared or
-        disappeared, i.e. when :meth:`ann` may differ from before (else the old one is reused)."""
-        changed = False
-        for counter, frags in zip(self.frags, ann, strict=True):
-            for f in frags:
-                c = counter.get(f, 0) + weight
-                if c > 0:
-                    counter[f] = c
-                    changed = changed or c == weight
-                elif c == 0:
-                    del counter[f]
-                    changed = True
-                else:
-                    raise InconsistentDelta(f"fragment {f} counted below zero")
-        return changed
-
     def ann(self) -> Ann:
         return tuple(map(frozenset, self.frags))
 
@@ -156,7 +139,10 @@ class Aggregate(Operator):
         """Adds the delta rows to their groups, first remembering the old output of each group
         in ``old`` (its row from ``recent`` when the last step emitted it); returns the groups
         whose set of fragments changed (the others keep their old annotation object: no new
-        frozenset, and :class:`Merge` skips equal annotations)."""
+        frozenset, and :class:`Merge` skips equal annotations).
+
+        The fragment counting of :meth:`GroupState.add_frags` is inlined: a call per row was a
+        good part of the cost of this loop."""
         groups, scalar, key_of, new_group = self.groups, self.scalar, self._key_of, self._new_group
         args = self._args
         reann: set[Row] = set()
@@ -172,8 +158,18 @@ class Aggregate(Operator):
                 else:
                     old[key] = None
             st.count += w
-            if st.add_ann(ann, w):
-                reann.add(key)
+            for counter, frags in zip(st.frags, ann, strict=True):
+                for f in frags:
+                    c = counter.get(f, 0) + w
+                    if c > 0:
+                        counter[f] = c
+                        if c == w:   # f appeared
+                            reann.add(key)
+                    elif c == 0:
+                        del counter[f]
+                        reann.add(key)
+                    else:
+                        raise InconsistentDelta(f"fragment {f} counted below zero")
             for arg, acc in zip(args, st.accs, strict=True):
                 acc.add(1 if arg is None else row[arg], w)
         return reann
