@@ -279,12 +279,14 @@ class Router:
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
         with self._service(dbname) as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            # one round trip (a simple Query of several statements: no parameters)
+            setup = [pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+                     pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot))]
+            if search_path is not None:
+                setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
+                    pgsql.Literal(search_path)))
             try:
-                conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(
-                    pgsql.Literal(snapshot)))
-                if search_path is not None:
-                    conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
+                conn.execute(pgsql.SQL("; ").join(setup))
                 p = hook.prepare(conn, sql, params, search_path)
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")

@@ -14,6 +14,8 @@ InstrumentationError so the caller forwards the original SQL. Parameters (``$n``
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from sketches.sketch import SketchPart
@@ -36,4 +38,23 @@ def instrument(sql: str, parts: Sequence[SketchPart]) -> str | None:
     useful = [p for p in parts if not p.covers_all]
     if not useful:
         return None
-    return add_skip_filters(sql, [skip_filter(p) for p in useful])
+    filters = tuple(skip_filter(p) for p in useful)
+    key = (sql, filters)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    text = add_skip_filters(sql, filters)  # pglast print + re-parse: milliseconds
+    with _lock:
+        _cache[key] = text
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return text
+
+
+# the instrumented text is a function of the query text and its filters: a sketch whose
+# fragments return to an earlier set (maintenance moving groups in and out) reuses its text
+_CACHE_SIZE = 512
+_cache: OrderedDict[tuple[str, tuple[SkipFilter, ...]], str] = OrderedDict()
+_lock = threading.Lock()

@@ -66,6 +66,8 @@ class Entry:
     """Why the sketch is not maintained incrementally (then: recapture on change)."""
     dirty: bool = False
     last_maintained: float = field(default_factory=time.monotonic)
+    reusable_for: dict[int, tuple[Any, bool]] = field(default_factory=dict)
+    """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
 
 
 @dataclass
@@ -119,16 +121,19 @@ class IncrementalMaintenance:
         return entry.strategy or self.settings.strategy
 
     def _refresh(self, conn: psycopg.Connection[Any], entry: Entry,
-                 request: MaintenanceRequest) -> Sketch | str | None:
+                 request: MaintenanceRequest,
+                 snapshot: str | None = None) -> Sketch | str | None:
         """The entry's sketch valid in conn's snapshot; None: recapture; a string: pass this
-        query through for that reason (the sketch stays)."""
+        query through for that reason (the sketch stays). ``snapshot``: conn's transaction
+        snapshot when conn is in a REPEATABLE READ / SERIALIZABLE transaction (every later
+        statement of it, the instrumented query's included, sees exactly that), else None."""
         if self.strategy_of(entry) not in ("lazy", "eager"):
             return self.maintenance.refresh(conn, entry.sketch, request)
         if entry.pipeline is None and not self._attach(conn, entry):
             return self.maintenance.refresh(conn, entry.sketch, request)
         if self._background is None:  # it gave up earlier (database unreachable)
             self._ensure_background()
-        return self._maintain(conn, entry)
+        return self._maintain(conn, entry, snapshot)
 
     def _attach(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:
         """Gives ``entry`` its pipeline: the persisted state (restart), else one built in this
@@ -199,10 +204,20 @@ class IncrementalMaintenance:
             return None
         return seed
 
-    def _maintain(self, conn: psycopg.Connection[Any], entry: Entry) -> Sketch | str | None:
-        """``maintain`` in conn's snapshot (the caller holds the template lock)."""
+    def _maintain(self, conn: psycopg.Connection[Any], entry: Entry,
+                  snapshot: str | None = None) -> Sketch | str | None:
+        """``maintain`` in conn's snapshot (the caller holds the template lock).
+
+        ``snapshot`` (see ``_refresh``) equal to the state's version: nothing committed
+        between them (every write, TRUNCATE and DDL commits an xid, which changes the
+        snapshot), so the state is exact for this query as it is — no delta read, no
+        catch-up. A persisted state of another manager is no concern either: ours needs no
+        audit row its garbage collection could have removed."""
         pipeline = entry.pipeline
         assert pipeline is not None
+        if snapshot is not None and snapshot == pipeline.version and not pipeline.broken \
+                and entry.sketch.version == pipeline.version:
+            return entry.sketch
         started = time.perf_counter()
         try:
             self._catch_up(conn, entry, pipeline)

@@ -55,9 +55,13 @@ from sketches.ranges import RangePartition, build_partition, column_info
 from sketches.safety import Safety, check
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, analyse, fingerprint
-from sketches.sql.template import instance, reusable
+from sketches.sql.template import TemplateInstance, instance, reusable
 
 log = logging.getLogger(__name__)
+
+_SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
+              "current_setting('transaction_isolation'), "
+              "pg_current_xact_id_if_assigned() IS NULL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,9 @@ class SketchManager(IncrementalMaintenance):
         self._analysed: OrderedDict[tuple[str, str], tuple[QueryAnalysis, Safety]] = \
             OrderedDict()
         self._templates: dict[str, _Template] = {}
+        self._instances: OrderedDict[tuple[object, ...], TemplateInstance] = OrderedDict()
+        self._role_checked: OrderedDict[tuple[str, str], tuple[str, str | None]] = \
+            OrderedDict()
         self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
@@ -183,8 +190,19 @@ class SketchManager(IncrementalMaintenance):
         cls = self.classify(sql)
         if not cls.candidate or cls.template is None:
             return self._passthrough(cls.reason)
+        # one round trip: the search_path in force (the analysis cache's key) and, inside a
+        # REPEATABLE READ / SERIALIZABLE transaction, the transaction's snapshot (a sketch
+        # whose state is at exactly this snapshot needs no maintenance)
         if search_path is not None:
-            conn.execute("SELECT set_config('search_path', %s, true)", (search_path,))
+            row = conn.execute(_SETUP_SQL.format(
+                "set_config('search_path', %s, true)"), (search_path,)).fetchone()
+        else:
+            row = conn.execute(_SETUP_SQL.format("current_setting('search_path')")).fetchone()
+        assert row is not None
+        path = str(row[0])
+        # a transaction that wrote (an xid) sees its own writes, which no snapshot shows
+        snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
         if self._conninfo is None:
             self._remember_conninfo(conn)
         tmpl = self._template(cls.template)
@@ -192,7 +210,7 @@ class SketchManager(IncrementalMaintenance):
             tmpl.seen += 1
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     cls.template, tmpl)
+                                     cls.template, tmpl, path, snapshot)
             except CaptureError:
                 self._stats["errors"] += 1
                 raise
@@ -210,27 +228,28 @@ class SketchManager(IncrementalMaintenance):
 
     def _prepare(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
-                 tmpl: _Template) -> Prepared:
-        analysis, safety = self._analyse(conn, sql)
+                 tmpl: _Template, search_path: str | None = None,
+                 snapshot: str | None = None) -> Prepared:
+        analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
-        role_reason = lookup.role_dependent(conn, analysis)
+        role_reason = self._role_dependent(conn, analysis, search_path, snapshot)
         if role_reason is not None:
             return self._passthrough(role_reason)
         if self.settings.persist:
             self._ensure_catalog(conn)
             if not tmpl.loaded:
                 self._load(conn, template, tmpl, analysis)
-        inst = instance(sql, params)
+        inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         for entry in list(tmpl.entries):
-            if not reusable(entry.instance, inst):
+            if not self._reusable(entry, inst):
                 continue
             same = (entry.instance.thresholds, entry.instance.limit) == \
                 (inst.thresholds, inst.limit)
             if not same and not self._useful(entry.sketch):
                 continue  # a broad sketch of a looser query: a fresh capture may skip more
-            refreshed = self._refresh(conn, entry, request)
+            refreshed = self._refresh(conn, entry, request, snapshot)
             if isinstance(refreshed, str):
                 return self._passthrough(refreshed)
             if refreshed is None:
@@ -253,16 +272,71 @@ class SketchManager(IncrementalMaintenance):
         self._count("captures")
         return self._finish("capture", sql, entry)
 
+    def _role_dependent(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                        search_path: str | None, snapshot: str | None) -> str | None:
+        """``lookup.role_dependent``, reused while the snapshot stays the same: the same
+        snapshot means no transaction committed in between, so no DDL (row-level security,
+        a table replaced by a view) either — the catalog reads the same."""
+        if snapshot is None or search_path is None:
+            return lookup.role_dependent(conn, analysis)
+        key = (analysis.sql, search_path)
+        with self._lock:
+            hit = self._role_checked.get(key)
+        if hit is not None and hit[0] == snapshot:
+            return hit[1]
+        verdict = lookup.role_dependent(conn, analysis)
+        with self._lock:
+            self._role_checked[key] = (snapshot, verdict)
+            while len(self._role_checked) > self.settings.classify_cache_size:
+                self._role_checked.popitem(last=False)
+        return verdict
+
+    def _instance(self, sql: str, params: tuple[object, ...] | None) -> TemplateInstance:
+        """``instance(sql, params)``, cached by text and typed parameter values (parsing and
+        copying the statement's tree cost milliseconds per query). Instances are immutable."""
+        try:
+            key = (sql, None if params is None else tuple((type(p), p) for p in params))
+            hash(key)
+        except TypeError:  # an unhashable parameter value: no caching
+            return instance(sql, params)
+        with self._lock:
+            hit = self._instances.get(key)
+            if hit is not None:
+                self._instances.move_to_end(key)
+                return hit
+        inst = instance(sql, params)
+        with self._lock:
+            self._instances[key] = inst
+            while len(self._instances) > self.settings.classify_cache_size:
+                self._instances.popitem(last=False)
+        return inst
+
+    @staticmethod
+    def _reusable(entry: _Entry, inst: TemplateInstance) -> bool:
+        """``reusable(entry.instance, inst)``, remembered per entry (the caller holds the
+        template lock; both instances are immutable, and ``entry.instance`` never changes)."""
+        known = entry.reusable_for.get(id(inst))
+        if known is not None and known[0] is inst:
+            return known[1]
+        verdict = reusable(entry.instance, inst)
+        if len(entry.reusable_for) >= 256:
+            entry.reusable_for.clear()
+        entry.reusable_for[id(inst)] = (inst, verdict)
+        return verdict
+
     def _useful(self, sketch: Sketch) -> bool:
         """Would the sketch be used for instrumentation at all?"""
         return not sketch.covers_all and \
             max(p.coverage for p in sketch.parts) <= self.settings.max_coverage
 
-    def _analyse(self, conn: psycopg.Connection[Any],
-                  sql: str) -> tuple[QueryAnalysis, Safety]:
-        """Analysis with the catalog, cached by (text, search_path)."""
-        row = conn.execute("SELECT current_setting('search_path')").fetchone()
-        key = (sql, str(row[0]) if row else "")
+    def _analyse(self, conn: psycopg.Connection[Any], sql: str,
+                 search_path: str | None = None) -> tuple[QueryAnalysis, Safety]:
+        """Analysis with the catalog, cached by (text, search_path); ``search_path``: the
+        one in force on conn (read when None)."""
+        if search_path is None:
+            row = conn.execute("SELECT current_setting('search_path')").fetchone()
+            search_path = str(row[0]) if row else ""
+        key = (sql, search_path)
         with self._lock:
             hit = self._analysed.get(key)
             if hit is not None:
