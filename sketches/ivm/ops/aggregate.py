@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any, cast
 
 from sketches.ivm.codec import Json, decode_row, encode_row
@@ -44,6 +44,7 @@ from sketches.ivm.zset import Ann, Row, ZSet
 Refill = Callable[[Row, int], tuple[Sequence[tuple[object, int]], bool]]
 
 _RECENT_LIMIT = 10_000   # groups whose last output row is kept (bounds the cache's memory)
+_result = methodcaller("result")   # acc -> acc.result(), called from C (no comprehension frame)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ class Aggregate(Operator):
         return st.count > 0 or self.scalar
 
     def _output(self, key: Row, st: GroupState) -> tuple[Row, Ann]:
-        return key + tuple([acc.result() for acc in st.accs]), st.ann()
+        return key + tuple(map(_result, st.accs)), st.ann()
 
     def group_key(self, row: Row) -> Row:
         return self._key_of(row)
@@ -186,7 +187,7 @@ class Aggregate(Operator):
                 raise InconsistentDelta(f"group {key!r} counted below zero")
             if st.count > 0 or scalar:
                 ann = before[1] if before is not None and key not in reann else st.ann()
-                after = (key + tuple([acc.result() for acc in st.accs]), ann)
+                after = (key + tuple(map(_result, st.accs)), ann)
                 recent[key] = after[0]
                 if before is None:
                     out[after] = 1
