@@ -31,6 +31,32 @@ def test_adjacent_fragments_merge_into_half_open_ranges() -> None:
                     " OR (t.a >= CAST('30' AS integer) AND t.a < CAST('40' AS integer))")
 
 
+NARROW = RangePartition("public", "t", "a", "integer", (10, 11, 12, 20, 21, 40),
+                        ("10", "11", "12", "20", "21", "40"), "{10,11,12,20,21,40}")
+
+
+def test_short_integer_runs_are_listed_in_one_any() -> None:
+    """Runs spanning at most 4 integers become one ``= ANY`` (fewer nodes to print, re-parse
+    and plan); longer runs and open ends stay ranges; the NULL test stays last."""
+    p = SketchPart(T, "public", "a", NARROW, frozenset({1, 3, 4, 6, NARROW.null_fragment}),
+                   True)
+    text = instrument("SELECT a FROM t", [p])
+    assert text == ("SELECT a FROM t WHERE t.a = ANY(CAST('{10}' AS integer[]))"
+                    " OR (t.a >= CAST('12' AS integer) AND t.a < CAST('21' AS integer))"
+                    " OR t.a >= CAST('40' AS integer) OR t.a IS NULL")
+    p = SketchPart(T, "public", "a", NARROW, frozenset({1, 2, 4}), True)
+    assert instrument("SELECT a FROM t", [p]) == (
+        "SELECT a FROM t WHERE t.a = ANY(CAST('{10,11,20}' AS integer[]))")
+
+
+@pytest.mark.parametrize("type_name", ["numeric", "text", "date"])
+def test_only_integer_columns_are_listed(type_name: str) -> None:
+    f = skip_filter(SketchPart(T, "public", "a", NARROW, frozenset({1}), False))
+    text = add_skip_filters("SELECT a FROM t", [SkipFilter(
+        f.scope, f.alias, f.column, type_name, f.ranges, f.include_null)])
+    assert "ANY" not in text and ">=" in text
+
+
 def test_open_upper_end_and_null_fragment() -> None:
     text = instrument("SELECT a FROM t WHERE b = 1", [part({4, 5})])
     assert text == ("SELECT a FROM t WHERE b = 1 AND (t.a >= CAST('40' AS integer)"
