@@ -6,6 +6,7 @@ to PostgreSQL's own."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ Conn = psycopg.Connection[Any]
 
 HAVING = "SELECT g, count(*) AS n, max(v) AS m FROM st GROUP BY g HAVING max(v) >= %s"
 TOPK = "SELECT g, sum(v) AS s FROM st GROUP BY g ORDER BY s DESC, g LIMIT 3"
+# rows stay in the module's database across examples and parametrisations: ids never repeat
+_NEW_IDS = itertools.count(910001)
 JOIN = ("SELECT st.g, count(*) AS n FROM st, sd WHERE st.g = sd.k AND sd.cat = 1"
         " GROUP BY st.g HAVING count(*) > %s")
 QUERIES: tuple[tuple[str, tuple[object, ...]], ...] = ((HAVING, (990,)), (TOPK, ()),
@@ -200,7 +203,6 @@ class ProxySequences(RuleBasedStateMachine):
         self.d = psycopg.connect(self.dsn, autocommit=True)
         self.open: Conn | None = None
         self.commit_open = False
-        self.next_id = 910000
         self.restarts = 0
 
     @initialize()
@@ -210,8 +212,7 @@ class ProxySequences(RuleBasedStateMachine):
         self.base = {r["sketch_id"] for r in sketch_rows(self.c)}
 
     def _id(self) -> int:
-        self.next_id += 1
-        return self.next_id
+        return next(_NEW_IDS)
 
     @rule(g=st.one_of(st.none(), st.integers(0, 62)), v=st.integers(0, 1000))
     def insert(self, g: int | None, v: int) -> None:
