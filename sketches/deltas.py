@@ -223,16 +223,23 @@ def _escaped(conn: psycopg.Connection[Any], part: sql.Composable) -> sql.Composa
 
 def delta_query(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
                 columns: Sequence[sql.Composable],
-                where: Sequence[sql.Composable] = ()) -> DeltaQuery:
-    """The query of :func:`fetch` (same ``columns`` and ``where``) as a :class:`DeltaQuery`."""
+                where: Sequence[sql.Composable] = (), group_by: int = 0) -> DeltaQuery:
+    """The query of :func:`fetch` (same ``columns`` and ``where``) as a :class:`DeltaQuery`.
+
+    ``group_by`` > 0: the delta pre-aggregated in PostgreSQL instead — the first ``group_by``
+    columns are grouping keys, the others aggregates over the audit rows (they read
+    ``alias._mult`` themselves), and no ``_mult`` column is appended."""
     cond = sql.SQL(" AND ").join(
         [_delta_filter(alias, sql.SQL("%(since)s::pg_snapshot")),
          *(_escaped(conn, w) for w in where)])
-    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}").format(
-        cols=sql.SQL(", ").join([*(_escaped(conn, c) for c in columns),
-                                 _escaped(conn, sql.Identifier(alias, "_mult"))]),
-        audit=_escaped(conn, audit_source(info)),
-        alias=_escaped(conn, sql.Identifier(alias)), cond=cond)
+    cols = [_escaped(conn, c) for c in columns]
+    if not group_by:
+        cols.append(_escaped(conn, sql.Identifier(alias, "_mult")))
+    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}{group}").format(
+        cols=sql.SQL(", ").join(cols), audit=_escaped(conn, audit_source(info)),
+        alias=_escaped(conn, sql.Identifier(alias)), cond=cond,
+        group=sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
+            sql.SQL(str(i + 1)) for i in range(group_by)) if group_by else sql.SQL(""))
     return DeltaQuery(info.relid, info.audit_table, query.as_bytes(conn))
 
 

@@ -29,7 +29,7 @@ from psycopg import sql
 
 from sketches import deltas
 from sketches.ivm.codec import Json
-from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
+from sketches.ivm.errors import InconsistentDelta, Invalidated, PipelineBroken, StateFormatError
 from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.aggregate import Aggregate
 from sketches.ivm.ops.distinct import Distinct
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+_PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg"})
 Conn = psycopg.Connection[Any]
 
 
@@ -449,6 +450,8 @@ class Pipeline:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
+        if self._preaggregated():
+            return self._step_partials(conn, current, rows[0], empty)
         fetched = [self._delta_zset(t, table_rows)
                    for t, table_rows in zip(self.spec.tables, rows, strict=True)]
         if not any(fetched):
@@ -507,12 +510,83 @@ class Pipeline:
     def _delta_query(self, conn: Conn, t: TableSpec, info: deltas.TableInfo) -> deltas.DeltaQuery:
         cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
         conds = [_cond(w) for w in t.where]
+        if self._preaggregated():
+            cols = self._partial_columns(t)
+            return deltas.delta_query(conn, info, t.alias, cols, conds,
+                                      group_by=len(self.spec.group_sql) + (1 if t.fragment else 0))
         if not self._unpushed(t):
             return deltas.delta_query(conn, info, t.alias, cols, conds)
         # Options.pushdown off: every audit row crosses the wire with the conjunction's value
         # (PostgreSQL's semantics), and _delta_zset drops the rows where it is not true
         return deltas.delta_query(conn, info, t.alias,
                                   [*cols, sql.SQL("({})").format(sql.SQL(" AND ").join(conds))])
+
+    def _preaggregated(self) -> bool:
+        """True when the delta is read summed per (group, fragment) (``Options.preaggregate``):
+        one table, grouped, count/sum/avg only, WHERE pushed down."""
+        spec = self.spec
+        return (spec.options.preaggregate and spec.kind == "aggregate" and not spec.joins
+                and len(spec.tables) == 1 and not spec.scalar
+                and not self._unpushed(spec.tables[0])
+                and all(a.func in _PREAGGREGATABLE for a in spec.aggs))
+
+    def _partial_columns(self, t: TableSpec) -> list[sql.Composable]:
+        """Group keys, fragment, row-count change, per aggregate its partial change(s) and the
+        number of audit rows whose multiplicity is not ±1 (the sums split by sign need ±1)."""
+        m = sql.Identifier(t.alias, "_mult")
+        cols: list[sql.Composable] = [_raw(g) for g in self.spec.group_sql]
+        if t.fragment:
+            cols.append(_raw(t.fragment))
+        cols.append(sql.SQL("sum({})").format(m))
+        for a, arg in zip(self.spec.aggs, self.spec.agg_sql, strict=True):
+            nonnull = sql.SQL("coalesce(sum({m}) FILTER (WHERE ({a}) IS NOT NULL), 0)").format(
+                m=m, a=_raw(arg or "TRUE"))
+            if a.func in ("sum", "avg"):
+                cols += [sql.SQL("sum({a}) FILTER (WHERE {m} > 0)").format(a=_raw(arg or ""), m=m),
+                         sql.SQL("sum({a}) FILTER (WHERE {m} < 0)").format(a=_raw(arg or ""), m=m),
+                         nonnull]
+            else:
+                cols.append(nonnull)
+        cols.append(sql.SQL("count(*) FILTER (WHERE {m} NOT IN (1, -1))").format(m=m))
+        return cols
+
+    def _step_partials(self, conn: Conn, current: str, rows: Sequence[tuple[Any, ...]],
+                       empty: SketchDelta) -> SketchDelta:
+        """``maintain`` on a delta pre-aggregated by :meth:`_partial_columns`."""
+        t, agg = self.spec.tables[0], self.aggregate
+        assert agg is not None
+        ng = len(self.spec.group_sql)
+        at0 = ng + (1 if t.fragment else 0)
+        partials = []
+        for r in rows:
+            if r[-1]:
+                raise InconsistentDelta("audit rows with a multiplicity other than ±1")
+            frags = ((t.slot, int(r[ng])),) if t.fragment and t.slot is not None else ()
+            parts: list[object] = []
+            at = at0 + 1
+            for a in self.spec.aggs:
+                if a.func in ("sum", "avg"):
+                    pos, neg = r[at], r[at + 1]
+                    parts.append(((0 if pos is None else pos) - (0 if neg is None else neg),
+                                  int(r[at + 2])))
+                    at += 3
+                else:
+                    parts.append(int(r[at]))
+                    at += 1
+            partials.append((tuple(r[:ng]), frags, int(r[at0]), parts))
+        if not partials:
+            self.version = current
+            return empty
+        self.applied = len(partials)
+        self._conn = conn
+        self.broken = True
+        try:
+            change = self.merge.step(self._above_aggregate(agg.step_partials(partials)))
+        finally:
+            self._conn = None
+        self.broken = False
+        self.version = current
+        return change
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

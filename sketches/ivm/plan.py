@@ -60,12 +60,18 @@ class Options:
     drops a row) and ``Pipeline.maintain`` drops the rows that fail it in Python — the
     unpushed plan, kept only to measure what push-down saves (``bench.ablation_bench``).
     It is left out of ``repr`` and so of the plan fingerprint: it changes how deltas travel,
-    never the state, so a state persisted under one setting is valid under the other."""
+    never the state, so a state persisted under one setting is valid under the other.
+
+    ``preaggregate``: a single-table grouped count/sum/avg query reads its delta already
+    summed per (group, fragment) in PostgreSQL (``Aggregate.step_partials``): Python then
+    works per touched group instead of per audit row. Like ``pushdown`` it only changes how
+    deltas travel (left out of the fingerprint)."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
     join_filter: bool = False
     pushdown: bool = field(default=True, repr=False)
+    preaggregate: bool = field(default=True, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,6 +350,32 @@ def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> Non
     run_sequence(db, case, data, S1_OPS, apply_s1)
 
 
+PREAGG_WHERE = "t.v <> 3"
+PREAGG = Case(
+    f"SELECT t.g, count(*), count(t.w), sum(t.v), avg(t.w) FROM s1 t WHERE {PREAGG_WHERE}"
+    " GROUP BY t.g HAVING sum(t.v) > 14 OR avg(t.w) = 2.5 OR count(t.w) < 2",
+    (SketchTarget(0, "g", G_PART),),
+    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t"
+    f" WHERE {PREAGG_WHERE} GROUP BY t.g HAVING sum(t.v) > 14 OR avg(t.w) = 2.5"
+    " OR count(t.w) < 2) h ON x.g IS NOT DISTINCT FROM h.g WHERE x.v <> 3",
+    Options())
+
+
+@pytest.mark.parametrize("case", [PREAGG, with_options(PREAGG, preaggregate=False),
+                                  with_options(TOPK_GROUPS, preaggregate=False)],
+                         ids=["preaggregated", "per-row", "topk-groups-per-row"])
+@SETTINGS
+@given(data=st.data())
+def test_preaggregated_and_per_row_deltas(db: str, case: Case, data: st.DataObject) -> None:
+    """count/sum/avg over one table: the delta summed per (group, fragment) in PostgreSQL
+    (Options.preaggregate, the default) and row by row must both stay exact (NULL w, rows
+    moving across groups, fragments and the WHERE, groups emptied and refilled)."""
+    reset(db, ("s1",), seed_s1)
+    pipe = compile(analyse(case.query), case.targets, None, case.options)
+    assert pipe._preaggregated() == (case.options.preaggregate and case is not TOPK_GROUPS)
+    run_sequence(db, case, data, S1_OPS, apply_s1)
+
+
 @pytest.mark.parametrize("case", [JOIN, JOIN_TOPK], ids=["having", "topk"])
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
