@@ -40,6 +40,7 @@ from sketches.ivm.ops.accumulators import (
     ValueBuffer,
     make_accumulator,
 )
+from sketches.ivm.ops.merge import count_fragment
 from sketches.ivm.zset import Ann, Row, ZSet
 
 Refill = Callable[[Row, int], tuple[Sequence[tuple[object, int]], bool]]
@@ -198,7 +199,7 @@ class Aggregate(Operator):
                             else (before, st.ann()))
             st.count += count
             for slot, f in frags:
-                if _count_fragment(st.frags[slot], f, count):
+                if count_fragment(st.frags[slot], f, count):
                     reann.add(key)
             for acc, part in zip(st.accs, partials, strict=True):
                 _absorb(acc, part)
@@ -333,19 +334,6 @@ def _key_function(cols: tuple[int, ...]) -> Callable[[Row], Row]:
 Partial = tuple[Row, Sequence[tuple[int, int]], int, Sequence[object]]
 """A pre-aggregated delta row: group key, ``(slot, fragment)`` pairs, row-count change, one
 partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
-
-
-def _count_fragment(counter: dict[int, int], f: int, change: int) -> bool:
-    """Adds ``change`` rows to fragment ``f``; True when ``f`` appeared or disappeared."""
-    before = counter.get(f, 0)
-    c = before + change
-    if c < 0:
-        raise InconsistentDelta(f"fragment {f} counted below zero")
-    if c:
-        counter[f] = c
-    elif before:
-        del counter[f]
-    return (before == 0) != (c == 0)
 
 
 def _absorb(acc: Accumulator, part: object) -> None:

@@ -49,20 +49,8 @@ class Merge:
         for slot, ch in enumerate(changes):
             counts = self.counts[slot]
             for f, d in ch.items():
-                if d == 0:
-                    continue
-                before = counts.get(f, 0)
-                after = before + d
-                if after < 0:
-                    raise InconsistentDelta(f"merge: fragment {f} counted below zero")
-                if after:
-                    counts[f] = after
-                else:
-                    del counts[f]
-                if before == 0 and after > 0:
-                    added[slot].add(f)
-                elif before > 0 and after == 0:
-                    removed[slot].add(f)
+                if d and count_fragment(counts, f, d):
+                    (added if f in counts else removed)[slot].add(f)
         return SketchDelta(tuple(frozenset(s) for s in added),
                            tuple(frozenset(s) for s in removed))
 
@@ -86,3 +74,16 @@ def _weights_per_ann(delta: ZSet) -> dict[Ann, int]:
     for (_row, ann), w in delta.items():
         out[ann] = get(ann, 0) + w
     return out
+
+
+def count_fragment(counter: dict[int, int], f: int, change: int) -> bool:
+    """Adds ``change`` to fragment ``f``'s count; True when ``f`` appeared or disappeared."""
+    before = counter.get(f, 0)
+    c = before + change
+    if c < 0:
+        raise InconsistentDelta(f"fragment {f} counted below zero")
+    if c:
+        counter[f] = c
+    elif before:
+        del counter[f]
+    return (before == 0) != (c == 0)
