@@ -21,7 +21,7 @@ half-updated: the pipeline marks itself broken and later calls raise :class:`Pip
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -458,11 +458,20 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = sum(len(z) for z in fetched)
+
+        def step() -> ZSet:
+            self._extend_filters(fetched)
+            return self._step(fetched)
+        return self._advance(conn, current, step)
+
+    def _advance(self, conn: Conn, current: str, step: Callable[[], ZSet]) -> SketchDelta:
+        """Runs ``step`` (the operators on one delta) with ``conn`` available for refills and
+        partner lookups, merges its output and moves the version to ``current``. An exception
+        inside leaves the pipeline broken: its state may be half-updated."""
         self._conn = conn
         self.broken = True
         try:
-            self._extend_filters(fetched)
-            change = self.merge.step(self._step(fetched))
+            change = self.merge.step(step())
         finally:
             self._conn = None
         self.broken = False
@@ -578,15 +587,8 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = len(partials)
-        self._conn = conn
-        self.broken = True
-        try:
-            change = self.merge.step(self._above_aggregate(agg.step_partials(partials)))
-        finally:
-            self._conn = None
-        self.broken = False
-        self.version = current
-        return change
+        return self._advance(conn, current,
+                             lambda: self._above_aggregate(agg.step_partials(partials)))
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

@@ -121,6 +121,15 @@ class Aggregate(Operator):
     def _output(self, key: Row, st: GroupState) -> tuple[Row, Ann]:
         return key + tuple(map(_result, st.accs)), st.ann()
 
+    def _old_output(self, key: Row, st: GroupState,
+                    recent: dict[Row, Row]) -> tuple[Row, Ann] | None:
+        """The group's output row before this step (None: it did not exist), taken from the
+        last step's output when that emitted it (no aggregate recomputed)."""
+        if st.count <= 0 and not self.scalar:
+            return None
+        before = recent.get(key)
+        return self._output(key, st) if before is None else (before, st.ann())
+
     def group_key(self, row: Row) -> Row:
         return self._key_of(row)
 
@@ -146,7 +155,7 @@ class Aggregate(Operator):
 
         The fragment counting of :meth:`GroupState.add_frags` is inlined: a call per row was a
         good part of the cost of this loop."""
-        groups, scalar, key_of, new_group = self.groups, self.scalar, self._key_of, self._new_group
+        groups, key_of, new_group = self.groups, self._key_of, self._new_group
         args = self._args
         reann: set[Row] = set()
         for (row, ann), w in delta.items():
@@ -155,11 +164,7 @@ class Aggregate(Operator):
             if st is None:
                 st = groups[key] = new_group()
             if key not in old:
-                if st.count > 0 or scalar:
-                    before = recent.get(key)
-                    old[key] = self._output(key, st) if before is None else (before, st.ann())
-                else:
-                    old[key] = None
+                old[key] = self._old_output(key, st, recent)
             st.count += w
             for counter, frags in zip(st.frags, ann, strict=True):
                 for f in frags:
@@ -194,9 +199,7 @@ class Aggregate(Operator):
             if st is None:
                 st = groups[key] = new_group()
             if key not in old:
-                before = recent.get(key)
-                old[key] = (None if st.count <= 0 else self._output(key, st) if before is None
-                            else (before, st.ann()))
+                old[key] = self._old_output(key, st, recent)
             st.count += count
             for slot, f in frags:
                 if count_fragment(st.frags[slot], f, count):

@@ -59,10 +59,3 @@ class Scan(Operator):
             ann = self._anns[frag] = tuple(frozenset((frag,)) if i == self.slot else frozenset()
                                            for i in range(self.slots))
         return ann
-
-    def annotate(self, row: Row) -> tuple[Row, Ann]:
-        if self.slot is None or self.frag_col is None:
-            return row, empty_ann(self.slots)
-        col = self.frag_col
-        return row[:col] + row[col + 1:], self._ann_of(row[col])
-
