@@ -6,8 +6,11 @@ Library level, no proxy, on the data, shapes and mixed deltas of ``bench.mainten
 (setup reused from ``bench.maintenance_bench``). Per ablation one shape gets two pipelines
 that differ only in one :class:`sketches.ivm.plan.Options` field:
 
-* (a) ``join_filter`` on/off — join-1n-1%, join-1n-5%, join-mn-5%; plus the cost of building
-  the key filters (timed alone, ``Pipeline._build_filters``) against one capture;
+* (a) ``join_filter`` on/off — join-1n-1%, join-1n-5%, join-mn-5%, both sides row by row
+  (``preaggregate`` off); plus the cost of building the key filters (timed alone,
+  ``Pipeline._build_filters``) against one capture;
+* ``preaggregate`` on/off — groups-5K (one table), join-1n-5% and join-mn-5% (the join's
+  delta evaluated and summed in PostgreSQL vs fetched row by row with partner lookups);
 * (b) ``pushdown`` on/off — where-10% (``WHERE r.c < q10`` under GROUP BY a HAVING);
 * (c) ``minmax_buffer`` 64 vs None (all values) — aggs-3 (``max(d)``); ``topk_buffer``
   default (max(2k, k + 64)) vs 16 — topk-rows; buffer refills counted.
@@ -84,8 +87,13 @@ class Ablation:
 
 
 ABLATIONS: tuple[Ablation, ...] = (
-    *(Ablation("join_filter", s, Options(join_filter=True), Options(join_filter=False),
+    # a join's pre-aggregated delta needs no partner lookups, so the filter is measured on the
+    # per-row path on both sides (the filter keeps pre-aggregation off by itself)
+    *(Ablation("join_filter", s, Options(join_filter=True),
+               Options(join_filter=False, preaggregate=False),
                "filter", "no filter") for s in ("join-1n-1%", "join-1n-5%", "join-mn-5%")),
+    *(Ablation("preaggregate", s, Options(preaggregate=True), Options(preaggregate=False),
+               "pre-aggregated", "per row") for s in ("groups-5K", "join-1n-5%", "join-mn-5%")),
     Ablation("pushdown", "where-10%", Options(pushdown=True), Options(pushdown=False),
              "pushed", "unpushed"),
     Ablation("minmax_buffer", "aggs-3", Options(minmax_buffer=64), Options(minmax_buffer=None),

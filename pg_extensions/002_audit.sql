@@ -197,6 +197,9 @@ $$;
 
 -- Deletes the audit rows of `rel` whose transaction is visible in `snap` (the oldest live sketch
 -- version of the table: every sketch already covers them). Returns the number of rows deleted.
+-- Then ANALYZEs the audit table: with a histogram of the remaining xids the planner sees that a
+-- delta (the newest xids) is small; without one it guesses a third of the table, and a join's
+-- delta query (sketches/ivm/partials.py) would hash whole base tables for a few delta rows.
 CREATE OR REPLACE FUNCTION imp.gc_deltas(rel regclass, snap pg_snapshot) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -210,6 +213,9 @@ BEGIN
     EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
                    ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
     GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        EXECUTE format('ANALYZE %s', audit);
+    END IF;
     RETURN n;
 END $$;
 REVOKE ALL ON FUNCTION imp.gc_deltas(regclass, pg_snapshot) FROM PUBLIC;

@@ -18,7 +18,8 @@ has to reproduce PostgreSQL's comparison semantics.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,11 +196,11 @@ def check_own_writes(conn: psycopg.Connection[Any], info: TableInfo) -> None:
 
 def delta_filter(alias: str, since: str) -> sql.Composable:
     """``NOT pg_visible_in_snapshot(alias._xid, since)``, with an index-friendly lower bound."""
-    return _delta_filter(alias, sql.SQL("{}::pg_snapshot").format(sql.Literal(since)))
+    return _delta_filter(sql.Identifier(alias, "_xid"),
+                         sql.SQL("{}::pg_snapshot").format(sql.Literal(since)))
 
 
-def _delta_filter(alias: str, since: sql.Composable) -> sql.Composable:
-    xid = sql.Identifier(alias, "_xid")
+def _delta_filter(xid: sql.Composable, since: sql.Composable) -> sql.Composable:
     return sql.SQL("({xid} >= pg_snapshot_xmin({v}) AND NOT pg_visible_in_snapshot({xid}, {v}))"
                    ).format(xid=xid, v=since)
 
@@ -214,32 +215,37 @@ class DeltaQuery:
     relid: int
     audit_table: str
     text: bytes
+    also: tuple[tuple[int, str], ...] = ()
+    """(relid, audit table) of further tables the query reads (a join's pre-aggregated delta)."""
+
+    @property
+    def audits(self) -> tuple[tuple[int, str], ...]:
+        return ((self.relid, self.audit_table), *self.also)
 
 
-def _escaped(conn: psycopg.Connection[Any], part: sql.Composable) -> sql.Composable:
+def escaped(conn: psycopg.Connection[Any], part: sql.Composable) -> sql.Composable:
     """``part`` rendered with ``%`` doubled: literal text inside a query that has parameters."""
     return sql.SQL(part.as_string(conn).replace("%", "%%"))
 
 
+def param_delta_filter(conn: psycopg.Connection[Any], alias: str) -> sql.Composable:
+    """:func:`delta_filter` with the version as the parameter ``%(since)s`` (see
+    :class:`DeltaQuery`), ready to join other :func:`escaped` parts."""
+    return _delta_filter(escaped(conn, sql.Identifier(alias, "_xid")),
+                         sql.SQL("%(since)s::pg_snapshot"))
+
+
 def delta_query(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
                 columns: Sequence[sql.Composable],
-                where: Sequence[sql.Composable] = (), group_by: int = 0) -> DeltaQuery:
-    """The query of :func:`fetch` (same ``columns`` and ``where``) as a :class:`DeltaQuery`.
-
-    ``group_by`` > 0: the delta pre-aggregated in PostgreSQL instead — the first ``group_by``
-    columns are grouping keys, the others aggregates over the audit rows (they read
-    ``alias._mult`` themselves), and no ``_mult`` column is appended."""
+                where: Sequence[sql.Composable] = ()) -> DeltaQuery:
+    """The query of :func:`fetch` (same ``columns`` and ``where``) as a :class:`DeltaQuery`."""
     cond = sql.SQL(" AND ").join(
-        [_delta_filter(alias, sql.SQL("%(since)s::pg_snapshot")),
-         *(_escaped(conn, w) for w in where)])
-    cols = [_escaped(conn, c) for c in columns]
-    if not group_by:
-        cols.append(_escaped(conn, sql.Identifier(alias, "_mult")))
-    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}{group}").format(
-        cols=sql.SQL(", ").join(cols), audit=_escaped(conn, audit_source(info)),
-        alias=_escaped(conn, sql.Identifier(alias)), cond=cond,
-        group=sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
-            sql.SQL(str(i + 1)) for i in range(group_by)) if group_by else sql.SQL(""))
+        [param_delta_filter(conn, alias),
+         *(escaped(conn, w) for w in where)])
+    cols = [escaped(conn, c) for c in [*columns, sql.Identifier(alias, "_mult")]]
+    query = sql.SQL("SELECT {cols} FROM {audit} AS {alias} WHERE {cond}").format(
+        cols=sql.SQL(", ").join(cols), audit=escaped(conn, audit_source(info)),
+        alias=escaped(conn, sql.Identifier(alias)), cond=cond)
     return DeltaQuery(info.relid, info.audit_table, query.as_bytes(conn))
 
 
@@ -259,7 +265,8 @@ def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
                 since: str) -> list[tuple[Any, ...]]:
     """:func:`fetch` of a query built before (its table's tracking unchanged since)."""
     rows = conn.execute(query.text, {"since": since}).fetchall()
-    _check_audit_visible(conn, query.audit_table, query.relid)
+    for relid, audit_table in query.audits:
+        _check_audit_visible(conn, audit_table, relid)
     log.debug("table %s: %d delta rows since %s", query.relid, len(rows), since)
     return rows
 
@@ -285,6 +292,28 @@ def _audit_visible(row: tuple[Any, ...] | None, audit_table: str, relid: int) ->
 
 
 _SAVEPOINT = b"SAVEPOINT _imp_deltas"
+_SETTINGS = (b"SELECT set_config('max_parallel_workers_per_gather', '0', true),"
+             b" set_config('jit', 'off', true),"
+             b" set_config('plan_cache_mode', 'force_custom_plan', true)")
+_UNDO = (b"ROLLBACK TO SAVEPOINT _imp_deltas", b"RELEASE SAVEPOINT _imp_deltas")
+
+
+@contextmanager
+def read_settings(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Planner settings for delta reads, undone on exit (ROLLBACK TO SAVEPOINT reverts them;
+    the reads wrote nothing), so the caller's transaction keeps its own.
+
+    Why: a delta is small and its size is only known from the version, a parameter. A generic
+    plan guesses a third of the audit table (a hash join over a whole base table for ten delta
+    rows); a parallel plan launches workers even where a one-time filter is false; JIT
+    compiles for estimates, not rows."""
+    conn.execute(_SAVEPOINT)
+    try:
+        conn.execute(_SETTINGS)
+        yield
+    finally:
+        for stmt in _UNDO:
+            conn.execute(stmt)
 
 
 def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
@@ -296,27 +325,32 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     was built) rolls back to it, leaving the caller's transaction usable, and returns None,
     as does a probe showing another audit table for a query's table. On None the caller goes
     the long way (probe first), which reports what changed. The visibility check of each audit
-    table runs after its fetch, exactly as in :func:`fetch_query`."""
+    table runs after its fetch, exactly as in :func:`fetch_query`. The reads run with
+    :func:`read_settings`."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
     try:
         with conn.pipeline():
             conn.execute(_SAVEPOINT)
+            conn.execute(_SETTINGS)
             probed = conn.execute(_PROBE, (list(relids),))
             fetched = [conn.execute(q.text, {"since": since}) for q in queries]
-            visible = [conn.execute(_AUDIT_VISIBLE, (q.audit_table,)) for q in queries]
-            conn.execute(b"RELEASE SAVEPOINT _imp_deltas")
+            visible = [conn.execute(_AUDIT_VISIBLE, (audit,))
+                       for q in queries for _relid, audit in q.audits]
+            for stmt in _UNDO:
+                conn.execute(stmt)
     except psycopg.Error as exc:
         log.debug("pipelined delta read failed (%s): probing first", exc)
-        conn.execute(b"ROLLBACK TO SAVEPOINT _imp_deltas")
-        conn.execute(b"RELEASE SAVEPOINT _imp_deltas")
+        for stmt in _UNDO:
+            conn.execute(stmt)
         return None
     probe = _probe_result(conn, probed.fetchall())
-    for q, v in zip(queries, visible, strict=True):
-        info = probe.tables.get(q.relid)
-        if info is None or info.audit_table != q.audit_table:
+    audits = [a for q in queries for a in q.audits]
+    for (relid, audit_table), v in zip(audits, visible, strict=True):
+        info = probe.tables.get(relid)
+        if info is None or info.audit_table != audit_table:
             return None
-        _audit_visible(v.fetchone(), q.audit_table, q.relid)
+        _audit_visible(v.fetchone(), audit_table, relid)
     return probe, [f.fetchall() for f in fetched]
 
 

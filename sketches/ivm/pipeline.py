@@ -28,8 +28,9 @@ import psycopg
 from psycopg import sql
 
 from sketches import deltas
+from sketches.ivm import partials
 from sketches.ivm.codec import Json
-from sketches.ivm.errors import InconsistentDelta, Invalidated, PipelineBroken, StateFormatError
+from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
 from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.aggregate import Aggregate
 from sketches.ivm.ops.distinct import Distinct
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-_PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg"})
 Conn = psycopg.Connection[Any]
 
 
@@ -113,7 +113,9 @@ class Pipeline:
         self.stats: dict[str, int] = {"keys_filtered": 0, "lookups_skipped": 0}
         self.filters: list[tuple[KeyFilter | None, KeyFilter | None]] = []
         self.applied = 0
-        """Delta rows applied by the last ``maintain`` (0: nothing changed)."""
+        """Size of the last ``maintain``'s delta as the operators took it: delta rows, or
+        pre-aggregated (group, fragments) changes; at least 1 when any table had delta rows
+        passing its WHERE, even if a join made nothing of them (0: no delta)."""
         self._conn: Conn | None = None
         self._queries: list[deltas.DeltaQuery] | None = None
         self._reset()
@@ -340,17 +342,17 @@ class Pipeline:
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
         agg, spec = self.aggregate, self.spec
         assert agg is not None
-        partials: list[sql.Composable] = []
+        partial_sql: list[sql.Composable] = []
         for a, arg in zip(spec.aggs, spec.agg_sql, strict=True):
             if a.func == "count_star":
-                partials.append(sql.SQL("count(*)"))
+                partial_sql.append(sql.SQL("count(*)"))
             elif a.func in ("sum", "avg"):
-                partials += [sql.SQL("sum({})").format(_raw(arg or "")),
+                partial_sql += [sql.SQL("sum({})").format(_raw(arg or "")),
                              sql.SQL("count({})").format(_raw(arg or ""))]
             else:
-                partials.append(sql.SQL("count({})").format(_raw(arg or "")))
+                partial_sql.append(sql.SQL("count({})").format(_raw(arg or "")))
         ng, nf = len(spec.group_sql), len(frags)
-        for r in self._grouped([_raw(g) for g in spec.group_sql], frags, partials):
+        for r in self._grouped([_raw(g) for g in spec.group_sql], frags, partial_sql):
             parts: list[object] = []
             at = ng + nf
             for a in spec.aggs:
@@ -451,7 +453,7 @@ class Pipeline:
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
         if self._preaggregated():
-            return self._step_partials(conn, current, rows[0], empty)
+            return self._step_partials(conn, current, rows[0], bool(rows[1][0][0]), empty)
         fetched = [self._delta_zset(t, table_rows)
                    for t, table_rows in zip(self.spec.tables, rows, strict=True)]
         if not any(fetched):
@@ -488,14 +490,15 @@ class Pipeline:
                 if batch is not None:
                     self._check_tracking(conn, batch[0])
                     return batch[0].snapshot, batch[1]
-            try:
-                probe = deltas.probe(conn, self.relids)
-            except deltas.NotTracked as exc:
-                raise Invalidated(str(exc)) from exc
-            infos = self._check_tracking(conn, probe)
-            self._queries = [self._delta_query(conn, t, info)
-                             for t, info in zip(self.spec.tables, infos, strict=True)]
-            return probe.snapshot, [deltas.fetch_query(conn, q, since) for q in self._queries]
+            with deltas.read_settings(conn):
+                try:
+                    probe = deltas.probe(conn, self.relids)
+                except deltas.NotTracked as exc:
+                    raise Invalidated(str(exc)) from exc
+                infos = self._check_tracking(conn, probe)
+                self._queries = self._delta_queries(conn, infos)
+                return probe.snapshot, [deltas.fetch_query(conn, q, since)
+                                        for q in self._queries]
         except deltas.AuditRebuilt as exc:
             self._queries = None
             raise Invalidated(str(exc)) from exc
@@ -516,13 +519,18 @@ class Pipeline:
             infos.append(info)
         return infos
 
+    def _delta_queries(self, conn: Conn,
+                       infos: Sequence[deltas.TableInfo]) -> list[deltas.DeltaQuery]:
+        """One pre-aggregated query for all tables, or one row fetch per table."""
+        if self._preaggregated():
+            return [partials.query(conn, self.spec, infos),
+                    partials.touched_query(conn, self.spec, infos)]
+        return [self._delta_query(conn, t, info)
+                for t, info in zip(self.spec.tables, infos, strict=True)]
+
     def _delta_query(self, conn: Conn, t: TableSpec, info: deltas.TableInfo) -> deltas.DeltaQuery:
         cols = [_raw(e) for e in t.payload] + ([_raw(t.fragment)] if t.fragment else [])
         conds = [_cond(w) for w in t.where]
-        if self._preaggregated():
-            cols = self._partial_columns(t)
-            return deltas.delta_query(conn, info, t.alias, cols, conds,
-                                      group_by=len(self.spec.group_sql) + (1 if t.fragment else 0))
         if not self._unpushed(t):
             return deltas.delta_query(conn, info, t.alias, cols, conds)
         # Options.pushdown off: every audit row crosses the wire with the conjunction's value
@@ -531,64 +539,23 @@ class Pipeline:
                                   [*cols, sql.SQL("({})").format(sql.SQL(" AND ").join(conds))])
 
     def _preaggregated(self) -> bool:
-        """True when the delta is read summed per (group, fragment) (``Options.preaggregate``):
-        one table, grouped, count/sum/avg only, WHERE pushed down."""
-        spec = self.spec
-        return (spec.options.preaggregate and spec.kind == "aggregate" and not spec.joins
-                and len(spec.tables) == 1 and not spec.scalar
-                and not self._unpushed(spec.tables[0])
-                and all(a.func in _PREAGGREGATABLE for a in spec.aggs))
-
-    def _partial_columns(self, t: TableSpec) -> list[sql.Composable]:
-        """Group keys, fragment, row-count change, per aggregate its partial change(s) and the
-        number of audit rows whose multiplicity is not ±1 (the sums split by sign need ±1)."""
-        m = sql.Identifier(t.alias, "_mult")
-        cols: list[sql.Composable] = [_raw(g) for g in self.spec.group_sql]
-        if t.fragment:
-            cols.append(_raw(t.fragment))
-        cols.append(sql.SQL("sum({})").format(m))
-        for a, arg in zip(self.spec.aggs, self.spec.agg_sql, strict=True):
-            nonnull = sql.SQL("coalesce(sum({m}) FILTER (WHERE ({a}) IS NOT NULL), 0)").format(
-                m=m, a=_raw(arg or "TRUE"))
-            if a.func in ("sum", "avg"):
-                cols += [sql.SQL("sum({a}) FILTER (WHERE {m} > 0)").format(a=_raw(arg or ""), m=m),
-                         sql.SQL("sum({a}) FILTER (WHERE {m} < 0)").format(a=_raw(arg or ""), m=m),
-                         nonnull]
-            else:
-                cols.append(nonnull)
-        cols.append(sql.SQL("count(*) FILTER (WHERE {m} NOT IN (1, -1))").format(m=m))
-        return cols
+        """True when the delta is read summed per (group, fragments) (:mod:`.partials`)."""
+        return partials.eligible(self.spec)
 
     def _step_partials(self, conn: Conn, current: str, rows: Sequence[tuple[Any, ...]],
-                       empty: SketchDelta) -> SketchDelta:
-        """``maintain`` on a delta pre-aggregated by :meth:`_partial_columns`."""
-        t, agg = self.spec.tables[0], self.aggregate
+                       touched: bool, empty: SketchDelta) -> SketchDelta:
+        """``maintain`` on a delta pre-aggregated by :func:`partials.query`; ``touched``:
+        some table had delta rows (:func:`partials.touched_query`)."""
+        agg = self.aggregate
         assert agg is not None
-        ng = len(self.spec.group_sql)
-        at0 = ng + (1 if t.fragment else 0)
-        partials = []
-        for r in rows:
-            if r[-1]:
-                raise InconsistentDelta("audit rows with a multiplicity other than ±1")
-            frags = ((t.slot, int(r[ng])),) if t.fragment and t.slot is not None else ()
-            parts: list[object] = []
-            at = at0 + 1
-            for a in self.spec.aggs:
-                if a.func in ("sum", "avg"):
-                    pos, neg = r[at], r[at + 1]
-                    parts.append(((0 if pos is None else pos) - (0 if neg is None else neg),
-                                  int(r[at + 2])))
-                    at += 3
-                else:
-                    parts.append(int(r[at]))
-                    at += 1
-            partials.append((tuple(r[:ng]), frags, int(r[at0]), parts))
-        if not partials:
+        changes = partials.parse(self.spec, rows)
+        if not changes:
+            self.applied = int(touched)
             self.version = current
             return empty
-        self.applied = len(partials)
+        self.applied = len(changes)
         return self._advance(conn, current,
-                             lambda: self._above_aggregate(agg.step_partials(partials)))
+                             lambda: self._above_aggregate(agg.step_partials(changes)))
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

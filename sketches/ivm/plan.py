@@ -62,10 +62,12 @@ class Options:
     It is left out of ``repr`` and so of the plan fingerprint: it changes how deltas travel,
     never the state, so a state persisted under one setting is valid under the other.
 
-    ``preaggregate``: a single-table grouped count/sum/avg query reads its delta already
-    summed per (group, fragment) in PostgreSQL (``Aggregate.step_partials``): Python then
-    works per touched group instead of per audit row. Like ``pushdown`` it only changes how
-    deltas travel (left out of the fingerprint)."""
+    ``preaggregate``: a grouped count/sum/avg query, over one table or a join, reads its
+    delta already summed per (group, fragments) in PostgreSQL (:mod:`sketches.ivm.partials`;
+    a join's delta is evaluated there too, by inclusion–exclusion over the changed tables),
+    so Python works per touched group instead of per audit row and does no partner lookups.
+    Joins keep the row path under ``join_filter`` (the filter needs the delta rows' keys).
+    Like ``pushdown`` it only changes how deltas travel (left out of the fingerprint)."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None

@@ -212,3 +212,22 @@ def test_gc_deletes_exactly_rows_visible_in_snapshot(conn: Conn, db_dsn: str, tr
                         .format(sql.SQL(audit_table(conn, tracked)))).fetchall()
     assert left == [(2,), (3,)]
     assert deleted == (1,)
+
+
+def test_gc_analyzes_the_audit_table_it_shrank(conn: Conn, tracked: str) -> None:
+    """A histogram of the remaining xids is what lets the planner see that a delta is small."""
+    t = sql.Identifier(tracked)
+    audit = audit_table(conn, tracked)
+    stats = sql.SQL("SELECT count(*) FROM pg_catalog.pg_statistic"
+                    " WHERE starelid = {}::regclass").format(sql.Literal(audit))
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 50) i"
+                         ).format(t))
+    version = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert version is not None
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'b' FROM generate_series(51, 60) i"
+                         ).format(t))
+    assert conn.execute(stats).fetchone() == (0,)
+    assert conn.execute("SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)",
+                        (tracked, version[0])).fetchone() == (50,)
+    analyzed = conn.execute(stats).fetchone()
+    assert analyzed is not None and analyzed[0] > 0

@@ -384,6 +384,69 @@ def test_join_sequences(db: str, case: Case, data: st.DataObject) -> None:
     run_sequence(db, case, data, JOIN_OPS, apply_join)
 
 
+JOIN_PREAGG_WHERE = "s.b < 5 AND r.a > 2"
+JOIN_PREAGG = Case(
+    "SELECT r.g, count(*), sum(s.b), avg(r.a), count(s.b) FROM r JOIN s ON s.rid = r.id"
+    f" WHERE {JOIN_PREAGG_WHERE} GROUP BY r.g"
+    " HAVING sum(s.b) > 5 OR avg(r.a) < 4 OR count(s.b) < 2",
+    (SketchTarget(0, "g", RG_PART), SketchTarget(1, "rid", SRID_PART)),
+    "WITH q AS (SELECT r.g FROM r JOIN s ON s.rid = r.id"
+    f"  WHERE {JOIN_PREAGG_WHERE} GROUP BY r.g"
+    "  HAVING sum(s.b) > 5 OR avg(r.a) < 4 OR count(s.b) < 2),"
+    " j AS (SELECT r.*, s.rid FROM r JOIN s ON s.rid = r.id JOIN q ON r.g IS NOT DISTINCT FROM q.g"
+    f"  WHERE {JOIN_PREAGG_WHERE})"
+    f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
+    f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
+    Options())
+
+JOIN3_FROM = "r JOIN s ON s.rid = r.id JOIN s1 t ON t.g = r.g"
+JOIN3_HAVING = "count(*) > 6 OR sum(t.v) < 0 OR avg(s.b) >= 3"
+JOIN3_MATCH = (f"FROM {JOIN3_FROM} JOIN (SELECT r.g FROM {JOIN3_FROM} GROUP BY r.g"
+               f" HAVING {JOIN3_HAVING}) q ON r.g IS NOT DISTINCT FROM q.g")
+JOIN3_PREAGG = Case(
+    f"SELECT r.g, count(*), sum(t.v), avg(s.b) FROM {JOIN3_FROM} GROUP BY r.g"
+    f" HAVING {JOIN3_HAVING}",
+    (SketchTarget(0, "g", RG_PART), SketchTarget(1, "rid", SRID_PART),
+     SketchTarget(2, "g", G_PART)),
+    f"SELECT DISTINCT 0, {frag(RG_PART, 'x')} FROM (SELECT r.g {JOIN3_MATCH}) x"
+    f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 'y')} FROM (SELECT s.rid {JOIN3_MATCH}) y"
+    f" UNION SELECT DISTINCT 2, {frag(G_PART, 'z')} FROM (SELECT t.g {JOIN3_MATCH}) z",
+    Options())
+
+
+def apply_join3(c: Conn, op: tuple[Any, ...]) -> None:
+    if op[0] in {"r_insert", "s_insert", "r_delete", "s_delete", "r_move", "s_move",
+                 "s_drop_min", "pair_insert", "pair_move", "pair_delete", "r_revalue",
+                 "s_revalue"}:
+        apply_join(c, op)
+    else:
+        apply_s1(c, op)
+
+
+def seed_join3(c: Conn) -> None:
+    seed_join(c)
+    seed_s1(c)
+
+
+@pytest.mark.parametrize("case", [JOIN_PREAGG, with_options(JOIN_PREAGG, preaggregate=False),
+                                  JOIN3_PREAGG, with_options(JOIN3_PREAGG, preaggregate=False)],
+                         ids=["2-way-preaggregated", "2-way-per-row",
+                              "3-way-preaggregated", "3-way-per-row"])
+@settings(SETTINGS, max_examples=10)
+@given(data=st.data())
+def test_join_preaggregated_and_per_row_deltas(db: str, case: Case,
+                                               data: st.DataObject) -> None:
+    """count/sum/avg over 2- and 3-way joins: the join's delta evaluated and summed in
+    PostgreSQL (every inclusion–exclusion term, incl. −ΔR⋈ΔS from pair_* ops and updates on
+    all three tables at once) and the row-by-row path with partner lookups both stay exact."""
+    three = case.query == JOIN3_PREAGG.query
+    reset(db, ("r", "s", "s1") if three else ("r", "s"), seed_join3 if three else seed_join)
+    pipe = compile(analyse(case.query), case.targets, None, case.options)
+    assert pipe._preaggregated() == case.options.preaggregate
+    ops = st.one_of(WHERE_JOIN_OPS, S1_OPS) if three else WHERE_JOIN_OPS
+    run_sequence(db, case, data, ops, apply_join3 if three else apply_join)
+
+
 UNPUSHED_SINGLE = [WHERE_AGG, with_options(WHERE_AGG, minmax_buffer=1),
                    with_options(WHERE_AGG, pushdown=True),
                    with_options(SCALAR, pushdown=False),
@@ -472,6 +535,28 @@ def _maintained_once(db: str, pipe: Pipeline, warm: bool) -> None:
             pipe.maintain(c)
             c.commit()
         assert pipe._queries is not None
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
+def test_delta_reads_keep_the_callers_settings(db: str, warm: bool) -> None:
+    """The planner settings of the delta reads (deltas.read_settings) are undone: the caller's
+    transaction, e.g. a query's own, goes on with its settings and its data unchanged."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, PREAGG)
+    _maintained_once(db, pipe, warm)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("INSERT INTO s1 VALUES (1001, 2, 5, 5)")
+    names = ("max_parallel_workers_per_gather", "jit", "plan_cache_mode")
+    with snapshot_conn(db) as c:
+        c.execute("SET LOCAL max_parallel_workers_per_gather = 3")
+        c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        before = [c.execute("SELECT current_setting(%s)", (n,)).fetchone() for n in names]
+        pipe.maintain(c)
+        assert pipe.applied > 0
+        after = [c.execute("SELECT current_setting(%s)", (n,)).fetchone() for n in names]
+        assert after == before
+        assert c.execute("SELECT count(*) FROM s1 WHERE id = 1001").fetchone() == (1,)
+        c.commit()
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])

@@ -1,0 +1,164 @@
+"""Deltas pre-aggregated in PostgreSQL for grouped count/sum/avg (``Options.preaggregate``).
+
+Why: the per-row Python work of the operators then runs once per touched (group, fragments)
+instead of once per audit row, and a join's delta never crosses the wire row by row.
+
+A join's delta is expanded by inclusion–exclusion over the tables that changed
+(``Ti'``: table ``i`` in the query's snapshot, ``ΔTi``: its audit rows since the version)::
+
+    Δ(T0 ⋈ … ⋈ Tn) = Σ over non-empty X ⊆ {0…n} of (−1)^(|X|+1) · ⋈_{i∈X} ΔTi ⋈_{i∉X} Ti'
+
+(for two tables: ΔR ⋈ S' + R' ⋈ ΔS − ΔR ⋈ ΔS, the rule of DESIGN §7), one ``UNION ALL`` term
+per X, all in the one snapshot. A term whose ``ΔTi`` is empty is cut by a one-time filter, so
+PostgreSQL never scans ``R'`` for an empty ``ΔS``. Each term row carries the weight
+``±Π _mult``; the outer query sums per (group, fragments) with the sums of the aggregate
+arguments split by the weight's sign, so the argument's own type (and PostgreSQL's sum
+semantics) is kept. That split is exact only when every ``_mult`` is ±1, which the query
+counts itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import combinations
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sketches import deltas
+from sketches.ivm.errors import InconsistentDelta
+from sketches.ivm.ops.aggregate import Partial
+from sketches.ivm.plan import PlanSpec, TableSpec
+
+PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg"})
+Conn = psycopg.Connection[Any]
+
+
+def eligible(spec: PlanSpec) -> bool:
+    """True when ``spec``'s delta can be read pre-aggregated: ``Options.preaggregate`` on, a
+    grouped aggregate of count/sum/avg only, every WHERE pushed down, no join key filter (it
+    needs the delta rows' keys)."""
+    opts = spec.options
+    return (opts.preaggregate and spec.kind == "aggregate" and not spec.scalar
+            and all(a.func in PREAGGREGATABLE for a in spec.aggs)
+            and (opts.pushdown or not any(t.where for t in spec.tables))
+            and not (spec.joins and opts.join_filter))
+
+
+def _sketched(spec: PlanSpec) -> list[TableSpec]:
+    return [t for t in spec.tables if t.slot is not None and t.fragment is not None]
+
+
+def _text(text: str) -> sql.Composable:
+    """Analysed SQL (printed by pglast, parameters bound) inside a query with parameters."""
+    return sql.SQL(text.replace("%", "%%"))
+
+
+def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> deltas.DeltaQuery:
+    """The pre-aggregated delta of ``spec`` (tables tracked as ``infos``, in join order).
+
+    Columns: group keys, one fragment id per sketched table, the row-count change, per
+    aggregate its partial change(s) (sum/avg: sum over positive weights, sum over negative
+    weights, non-NULL count change; count: non-NULL count change), and last the number of
+    joined audit rows whose multiplicity is not ±1."""
+    positions = range(len(spec.tables))
+    terms = [_term(conn, spec, infos, changed)
+             for n in range(1, len(spec.tables) + 1)
+             for changed in combinations(positions, n)]
+    ng, nf = len(spec.group_sql), len(_sketched(spec))
+    cols: list[sql.Composable] = [sql.SQL(f"_g{i}") for i in range(ng)]
+    cols += [sql.SQL(f"_f{i}") for i in range(nf)]
+    cols.append(sql.SQL("sum(_w)"))
+    for i, a in enumerate(spec.aggs):
+        nonnull = sql.SQL(f"coalesce(sum(_w) FILTER (WHERE _a{i} IS NOT NULL), 0)")
+        if a.func in ("sum", "avg"):
+            cols += [sql.SQL(f"sum(_a{i}) FILTER (WHERE _w > 0)"),
+                     sql.SQL(f"sum(_a{i}) FILTER (WHERE _w < 0)"), nonnull]
+        else:
+            cols.append(nonnull)
+    cols.append(sql.SQL("count(*) FILTER (WHERE _bad)"))
+    group = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
+        sql.SQL(str(i + 1)) for i in range(ng + nf))) if ng + nf else sql.SQL("")
+    text = sql.SQL("SELECT {} FROM ({}) AS _d{}").format(
+        sql.SQL(", ").join(cols), sql.SQL(" UNION ALL ").join(terms), group)
+    first, *rest = infos
+    return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
+                             tuple((i.relid, i.audit_table) for i in rest))
+
+
+def touched_query(conn: Conn, spec: PlanSpec,
+                  infos: Sequence[deltas.TableInfo]) -> deltas.DeltaQuery:
+    """One row: whether any table has a delta row passing its own WHERE. A join's delta can be
+    empty although its tables changed (rows without partners): the state still advanced over
+    a real delta, which ``Pipeline.applied`` (and so the maintenance counters) must show."""
+    exists = [sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
+        deltas.escaped(conn, deltas.audit_source(info)),
+        deltas.escaped(conn, sql.Identifier(t.alias)),
+        sql.SQL(" AND ").join([deltas.param_delta_filter(conn, t.alias),
+                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]))
+        for t, info in zip(spec.tables, infos, strict=True)]
+    text = sql.SQL("SELECT {}").format(sql.SQL(" OR ").join(exists))
+    first, *rest = infos
+    return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
+                             tuple((i.relid, i.audit_table) for i in rest))
+
+
+def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
+          changed: tuple[int, ...]) -> sql.Composable:
+    """``SELECT _g…, _f…, _a…, _w, _bad`` of ``⋈_{i∈changed} ΔTi ⋈_{others} Ti'``."""
+    items: list[sql.Composable] = []
+    conds: list[sql.Composable] = []
+    for pos, (t, info) in enumerate(zip(spec.tables, infos, strict=True)):
+        alias = deltas.escaped(conn, sql.Identifier(t.alias))
+        if pos in changed:
+            source = deltas.escaped(conn, deltas.audit_source(info))
+            conds.append(deltas.param_delta_filter(conn, t.alias))
+            if len(changed) < len(spec.tables):
+                conds.append(sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
+                    source, alias, deltas.param_delta_filter(conn, t.alias)))
+        else:
+            source = _text(t.relation)
+        items.append(sql.SQL("{} AS {}").format(source, alias))
+        conds += [sql.SQL("({})").format(_text(w)) for w in t.where]
+    conds += [sql.SQL("{} = {}").format(_text(x), _text(y)) for _a, x, _b, y in spec.equalities]
+    mults = [deltas.escaped(conn, sql.Identifier(spec.tables[p].alias, "_mult")) for p in changed]
+    sign = "" if len(changed) % 2 else "-1 * "
+    select: list[sql.Composable] = [
+        sql.SQL("{} AS {}").format(_text(g), sql.Identifier(f"_g{i}"))
+        for i, g in enumerate(spec.group_sql)]
+    select += [sql.SQL("{} AS {}").format(_text(t.fragment or ""), sql.Identifier(f"_f{i}"))
+               for i, t in enumerate(_sketched(spec))]
+    select += [sql.SQL("{} AS {}").format(_text(arg or "TRUE"), sql.Identifier(f"_a{i}"))
+               for i, arg in enumerate(spec.agg_sql)]
+    select.append(sql.SQL(sign) + sql.SQL(" * ").join(mults) + sql.SQL(" AS _w"))
+    select.append(sql.SQL(" OR ").join(sql.SQL("{} NOT IN (1, -1)").format(m) for m in mults)
+                  + sql.SQL(" AS _bad"))
+    return sql.SQL("SELECT {} FROM {} WHERE {}").format(
+        sql.SQL(", ").join(select), sql.SQL(", ").join(items), sql.SQL(" AND ").join(conds))
+
+
+def parse(spec: PlanSpec, rows: Sequence[tuple[Any, ...]]) -> list[Partial]:
+    """The rows of :func:`query` as ``Aggregate.step_partials`` input."""
+    slots = [t.slot for t in _sketched(spec)]
+    ng = len(spec.group_sql)
+    at0 = ng + len(slots)
+    out: list[Partial] = []
+    for r in rows:
+        if r[-1]:
+            raise InconsistentDelta("audit rows with a multiplicity other than ±1")
+        parts: list[object] = []
+        at = at0 + 1
+        for a in spec.aggs:
+            if a.func in ("sum", "avg"):
+                pos, neg = r[at], r[at + 1]
+                parts.append(((0 if pos is None else pos) - (0 if neg is None else neg),
+                              int(r[at + 2])))
+                at += 3
+            else:
+                parts.append(int(r[at]))
+                at += 1
+        frags = tuple((s, int(f)) for s, f in zip(slots, r[ng:at0], strict=True)
+                      if s is not None)
+        out.append((tuple(r[:ng]), frags, int(r[at0]), parts))
+    return out
