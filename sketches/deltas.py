@@ -217,6 +217,8 @@ class DeltaQuery:
     text: bytes
     also: tuple[tuple[int, str], ...] = ()
     """(relid, audit table) of further tables the query reads (a join's pre-aggregated delta)."""
+    tuned: bool = False
+    """Run it with :func:`read_settings` (a query joining base tables: its plan matters)."""
 
     @property
     def audits(self) -> tuple[tuple[int, str], ...]:
@@ -272,6 +274,9 @@ def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
 
 
 _AUDIT_VISIBLE = b"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass(%s))"
+_AUDITS_VISIBLE = (b"SELECT array_agg(EXISTS (SELECT 1 FROM pg_catalog.pg_class"
+                   b" WHERE oid = to_regclass(u.n)) ORDER BY u.i)"
+                   b" FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)")
 
 
 def _check_audit_visible(conn: psycopg.Connection[Any], audit_table: str, relid: int) -> None:
@@ -324,20 +329,22 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     Pipelined inside a savepoint: a fetch that fails (its audit table dropped since the query
     was built) rolls back to it, leaving the caller's transaction usable, and returns None,
     as does a probe showing another audit table for a query's table. On None the caller goes
-    the long way (probe first), which reports what changed. The visibility check of each audit
-    table runs after its fetch, exactly as in :func:`fetch_query`. The reads run with
-    :func:`read_settings`."""
+    the long way (probe first), which reports what changed. The visibility check of the audit
+    tables (one statement) runs after the fetches, as in :func:`fetch_query`. If a query is
+    ``tuned``, the reads run with :func:`read_settings`."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
+    audits = list(dict.fromkeys(a for q in queries for a in q.audits))
     try:
+        tuned = any(q.tuned for q in queries)
         with conn.pipeline():
             conn.execute(_SAVEPOINT)
-            conn.execute(_SETTINGS)
+            if tuned:
+                conn.execute(_SETTINGS)
             probed = conn.execute(_PROBE, (list(relids),))
             fetched = [conn.execute(q.text, {"since": since}) for q in queries]
-            visible = [conn.execute(_AUDIT_VISIBLE, (audit,))
-                       for q in queries for _relid, audit in q.audits]
-            for stmt in _UNDO:
+            visible = conn.execute(_AUDITS_VISIBLE, ([a for _r, a in audits],))
+            for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
     except psycopg.Error as exc:
         log.debug("pipelined delta read failed (%s): probing first", exc)
@@ -345,12 +352,12 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
             conn.execute(stmt)
         return None
     probe = _probe_result(conn, probed.fetchall())
-    audits = [a for q in queries for a in q.audits]
-    for (relid, audit_table), v in zip(audits, visible, strict=True):
+    row = visible.fetchone()
+    for (relid, audit_table), seen in zip(audits, row[0] if row else [], strict=True):
         info = probe.tables.get(relid)
         if info is None or info.audit_table != audit_table:
             return None
-        _audit_visible(v.fetchone(), audit_table, relid)
+        _audit_visible((seen,), audit_table, relid)
     return probe, [f.fetchall() for f in fetched]
 
 

@@ -1,7 +1,8 @@
-"""Deltas pre-aggregated in PostgreSQL for grouped count/sum/avg (``Options.preaggregate``).
+"""Deltas pre-aggregated in PostgreSQL for grouped aggregates (``Options.preaggregate``).
 
 Why: the per-row Python work of the operators then runs once per touched (group, fragments)
-instead of once per audit row, and a join's delta never crosses the wire row by row.
+— and for min/max once per touched (group, value) — instead of once per audit row, and a
+join's delta never crosses the wire row by row.
 
 A join's delta is expanded by inclusion–exclusion over the tables that changed
 (``Ti'``: table ``i`` in the query's snapshot, ``ΔTi``: its audit rows since the version)::
@@ -28,22 +29,27 @@ from psycopg import sql
 
 from sketches import deltas
 from sketches.ivm.errors import InconsistentDelta
-from sketches.ivm.ops.aggregate import Partial
+from sketches.ivm.ops.aggregate import Partial, ValueChange
 from sketches.ivm.plan import PlanSpec, TableSpec
 
-PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg"})
+PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg", "min", "max"})
 Conn = psycopg.Connection[Any]
 
 
 def eligible(spec: PlanSpec) -> bool:
     """True when ``spec``'s delta can be read pre-aggregated: ``Options.preaggregate`` on, a
-    grouped aggregate of count/sum/avg only, every WHERE pushed down, no join key filter (it
-    needs the delta rows' keys)."""
+    grouped aggregate, every WHERE pushed down, no join key filter (it needs the delta rows'
+    keys)."""
     opts = spec.options
     return (opts.preaggregate and spec.kind == "aggregate" and not spec.scalar
             and all(a.func in PREAGGREGATABLE for a in spec.aggs)
             and (opts.pushdown or not any(t.where for t in spec.tables))
             and not (spec.joins and opts.join_filter))
+
+
+def _valued(spec: PlanSpec) -> list[int]:
+    """Indexes of the min/max aggregates (their values travel, not a partial)."""
+    return [i for i, a in enumerate(spec.aggs) if a.func in ("min", "max")]
 
 
 def _sketched(spec: PlanSpec) -> list[TableSpec]:
@@ -58,40 +64,54 @@ def _text(text: str) -> sql.Composable:
 def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> deltas.DeltaQuery:
     """The pre-aggregated delta of ``spec`` (tables tracked as ``infos``, in join order).
 
-    Columns: group keys, one fragment id per sketched table, the row-count change, per
-    aggregate its partial change(s) (sum/avg: sum over positive weights, sum over negative
-    weights, non-NULL count change; count: non-NULL count change), and last the number of
-    joined audit rows whose multiplicity is not ±1."""
+    Columns: group keys, one fragment id per sketched table, per min/max aggregate its value
+    and ``GROUPING`` flag, the row-count change, per count/sum/avg aggregate its partial
+    change(s) (sum/avg: sum over positive weights, sum over negative weights, non-NULL count
+    change; count: non-NULL count change), and last the number of joined audit rows whose
+    multiplicity is not ±1. With min/max the rows come from grouping sets: (groups,
+    fragments) rows carry the partials, (groups, value of aggregate i) rows — flag 0 — the
+    value's net multiplicity change in the row-count column."""
     positions = range(len(spec.tables))
     terms = [_term(conn, spec, infos, changed)
              for n in range(1, len(spec.tables) + 1)
              for changed in combinations(positions, n)]
     ng, nf = len(spec.group_sql), len(_sketched(spec))
-    cols: list[sql.Composable] = [sql.SQL(f"_g{i}") for i in range(ng)]
-    cols += [sql.SQL(f"_f{i}") for i in range(nf)]
+    gcols = [sql.SQL(f"_g{i}") for i in range(ng)]
+    fcols = [sql.SQL(f"_f{i}") for i in range(nf)]
+    vcols = [sql.SQL(f"_a{i}") for i in _valued(spec)]
+    cols: list[sql.Composable] = [*gcols, *fcols, *vcols]
+    cols += [sql.SQL("GROUPING({})").format(v) for v in vcols]
     cols.append(sql.SQL("sum(_w)"))
     for i, a in enumerate(spec.aggs):
         nonnull = sql.SQL(f"coalesce(sum(_w) FILTER (WHERE _a{i} IS NOT NULL), 0)")
         if a.func in ("sum", "avg"):
             cols += [sql.SQL(f"sum(_a{i}) FILTER (WHERE _w > 0)"),
                      sql.SQL(f"sum(_a{i}) FILTER (WHERE _w < 0)"), nonnull]
-        else:
+        elif a.func in ("count", "count_star"):
             cols.append(nonnull)
     cols.append(sql.SQL("count(*) FILTER (WHERE _bad)"))
-    group = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
-        sql.SQL(str(i + 1)) for i in range(ng + nf))) if ng + nf else sql.SQL("")
+    sets = [sql.SQL("({})").format(sql.SQL(", ").join([*gcols, *fcols]))]
+    sets += [sql.SQL("({})").format(sql.SQL(", ").join([*gcols, v])) for v in vcols]
+    group: sql.Composable
+    if vcols:
+        group = sql.SQL(" GROUP BY GROUPING SETS ({})").format(sql.SQL(", ").join(sets))
+    else:
+        group = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join([*gcols, *fcols])
+                 if ng + nf else sql.SQL(""))
     text = sql.SQL("SELECT {} FROM ({}) AS _d{}").format(
         sql.SQL(", ").join(cols), sql.SQL(" UNION ALL ").join(terms), group)
     first, *rest = infos
     return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
-                             tuple((i.relid, i.audit_table) for i in rest))
+                             tuple((i.relid, i.audit_table) for i in rest),
+                             tuned=len(infos) > 1)
 
 
 def touched_query(conn: Conn, spec: PlanSpec,
                   infos: Sequence[deltas.TableInfo]) -> deltas.DeltaQuery:
     """One row: whether any table has a delta row passing its own WHERE. A join's delta can be
     empty although its tables changed (rows without partners): the state still advanced over
-    a real delta, which ``Pipeline.applied`` (and so the maintenance counters) must show."""
+    a real delta, which ``Pipeline.applied`` (and so the maintenance counters) must show.
+    Needless for one table: each such row makes a row of :func:`query`."""
     exists = [sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
         deltas.escaped(conn, deltas.audit_source(info)),
         deltas.escaped(conn, sql.Identifier(t.alias)),
@@ -138,15 +158,24 @@ def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
         sql.SQL(", ").join(select), sql.SQL(", ").join(items), sql.SQL(" AND ").join(conds))
 
 
-def parse(spec: PlanSpec, rows: Sequence[tuple[Any, ...]]) -> list[Partial]:
+def parse(spec: PlanSpec,
+          rows: Sequence[tuple[Any, ...]]) -> tuple[list[Partial], list[ValueChange]]:
     """The rows of :func:`query` as ``Aggregate.step_partials`` input."""
     slots = [t.slot for t in _sketched(spec)]
-    ng = len(spec.group_sql)
-    at0 = ng + len(slots)
+    valued = _valued(spec)
+    ng, nv = len(spec.group_sql), len(valued)
+    at_v = ng + len(slots)
+    at0 = at_v + 2 * nv
     out: list[Partial] = []
+    values: list[ValueChange] = []
     for r in rows:
         if r[-1]:
             raise InconsistentDelta("audit rows with a multiplicity other than ±1")
+        flags = r[at_v + nv:at0]
+        if 0 in flags:
+            j = flags.index(0)
+            values.append((tuple(r[:ng]), valued[j], r[at_v + j], int(r[at0])))
+            continue
         parts: list[object] = []
         at = at0 + 1
         for a in spec.aggs:
@@ -155,10 +184,12 @@ def parse(spec: PlanSpec, rows: Sequence[tuple[Any, ...]]) -> list[Partial]:
                 parts.append(((0 if pos is None else pos) - (0 if neg is None else neg),
                               int(r[at + 2])))
                 at += 3
-            else:
+            elif a.func in ("count", "count_star"):
                 parts.append(int(r[at]))
                 at += 1
-        frags = tuple((s, int(f)) for s, f in zip(slots, r[ng:at0], strict=True)
+            else:
+                parts.append(None)
+        frags = tuple((s, int(f)) for s, f in zip(slots, r[ng:at_v], strict=True)
                       if s is not None)
         out.append((tuple(r[:ng]), frags, int(r[at0]), parts))
-    return out
+    return out, values

@@ -453,7 +453,8 @@ class Pipeline:
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
         if self._preaggregated():
-            return self._step_partials(conn, current, rows[0], bool(rows[1][0][0]), empty)
+            touched = bool(rows[1][0][0]) if len(rows) > 1 else bool(rows[0])
+            return self._step_partials(conn, current, rows[0], touched, empty)
         fetched = [self._delta_zset(t, table_rows)
                    for t, table_rows in zip(self.spec.tables, rows, strict=True)]
         if not any(fetched):
@@ -523,8 +524,10 @@ class Pipeline:
                        infos: Sequence[deltas.TableInfo]) -> list[deltas.DeltaQuery]:
         """One pre-aggregated query for all tables, or one row fetch per table."""
         if self._preaggregated():
-            return [partials.query(conn, self.spec, infos),
-                    partials.touched_query(conn, self.spec, infos)]
+            summed = partials.query(conn, self.spec, infos)
+            if not self.spec.joins:
+                return [summed]
+            return [summed, partials.touched_query(conn, self.spec, infos)]
         return [self._delta_query(conn, t, info)
                 for t, info in zip(self.spec.tables, infos, strict=True)]
 
@@ -548,14 +551,14 @@ class Pipeline:
         some table had delta rows (:func:`partials.touched_query`)."""
         agg = self.aggregate
         assert agg is not None
-        changes = partials.parse(self.spec, rows)
+        changes, values = partials.parse(self.spec, rows)
         if not changes:
             self.applied = int(touched)
             self.version = current
             return empty
         self.applied = len(changes)
         return self._advance(conn, current,
-                             lambda: self._above_aggregate(agg.step_partials(changes)))
+                             lambda: self._above_aggregate(agg.step_partials(changes, values)))
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

@@ -62,10 +62,11 @@ class Options:
     It is left out of ``repr`` and so of the plan fingerprint: it changes how deltas travel,
     never the state, so a state persisted under one setting is valid under the other.
 
-    ``preaggregate``: a grouped count/sum/avg query, over one table or a join, reads its
-    delta already summed per (group, fragments) in PostgreSQL (:mod:`sketches.ivm.partials`;
-    a join's delta is evaluated there too, by inclusion–exclusion over the changed tables),
-    so Python works per touched group instead of per audit row and does no partner lookups.
+    ``preaggregate``: a grouped aggregate query, over one table or a join, reads its delta
+    already summed per (group, fragments) in PostgreSQL — min/max as net changes per (group,
+    value) — (:mod:`sketches.ivm.partials`; a join's delta is evaluated there too, by
+    inclusion–exclusion over the changed tables), so Python works per touched group and
+    value instead of per audit row and does no partner lookups.
     Joins keep the row path under ``join_filter`` (the filter needs the delta rows' keys).
     Like ``pushdown`` it only changes how deltas travel (left out of the fingerprint)."""
 

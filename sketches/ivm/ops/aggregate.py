@@ -182,14 +182,20 @@ class Aggregate(Operator):
                 acc.add(1 if arg is None else row[arg], w)
         return reann
 
-    def step_partials(self, rows: Iterable[Partial]) -> ZSet:
+    def step_partials(self, rows: Iterable[Partial],
+                      values: Iterable[ValueChange] = ()) -> ZSet:
         """:meth:`step` for a delta pre-aggregated in PostgreSQL: one row per (group, fragment)
         with the signed change of its row count and of each aggregate's partial (``(sum,
-        non-NULL count)`` for sum/avg, the non-NULL count for count). Why: the per-row Python
-        work of :meth:`step` then runs once per touched (group, fragment) instead of once per
-        audit row. Only for count/sum/avg (no buffers) and grouped aggregates."""
-        if self._buffered or self.scalar:
-            raise NotMaintainable("pre-aggregated deltas need count/sum/avg with GROUP BY")
+        non-NULL count)`` for sum/avg, the non-NULL count for count, None for min/max), and
+        for min/max the net multiplicity change of each (group, value). Why: the per-row
+        Python work of :meth:`step` then runs once per touched (group, fragment) and value
+        instead of once per audit row. Grouped aggregates only.
+
+        Net changes per value keep the buffers exact in any order: each value's count moves
+        from one true count to another, so the non-NULL count never drops below the true
+        count of the values not yet moved (see :class:`ValueBuffer`)."""
+        if self.scalar:
+            raise NotMaintainable("pre-aggregated deltas need GROUP BY")
         old: dict[Row, tuple[Row, Ann] | None] = {}
         recent, self._recent = self._recent, {}
         groups, new_group = self.groups, self._new_group
@@ -206,6 +212,13 @@ class Aggregate(Operator):
                     reann.add(key)
             for acc, part in zip(st.accs, partials, strict=True):
                 _absorb(acc, part)
+        for key, i, value, weight in values:
+            st = groups.get(key)
+            if st is None or key not in old:
+                raise InconsistentDelta(f"value change of group {key!r} without its rows")
+            st.accs[i].add(value, weight)
+        if self._buffered:
+            self._settle_buffers(old)
         return self._emit(old, reann)
 
     def _emit(self, old: dict[Row, tuple[Row, Ann] | None], reann: set[Row]) -> ZSet:
@@ -338,8 +351,13 @@ Partial = tuple[Row, Sequence[tuple[int, int]], int, Sequence[object]]
 """A pre-aggregated delta row: group key, ``(slot, fragment)`` pairs, row-count change, one
 partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
 
+ValueChange = tuple[Row, int, object, int]
+"""Group key, index of a min/max aggregate, a value, its net multiplicity change."""
+
 
 def _absorb(acc: Accumulator, part: object) -> None:
+    if part is None and isinstance(acc, ValueBuffer):
+        return   # its values come as ValueChange rows
     if isinstance(acc, SumAcc):
         total, nonnull = cast(tuple[Any, int], part)
         acc.total = acc.total + total

@@ -158,6 +158,9 @@ def with_options(case: Case, **changes: Any) -> Case:
     return dataclasses.replace(case, options=dataclasses.replace(case.options, **changes))
 
 
+WHERE_AGG_PUSHED = with_options(WHERE_AGG, pushdown=True)
+
+
 def exact_sketch(conn: Conn, case: Case) -> tuple[frozenset[int], ...]:
     found: list[set[int]] = [set() for _ in case.targets]
     for slot, f in conn.execute(case.exact.encode()).fetchall():
@@ -341,8 +344,10 @@ def run_sequence(dsn: str, case: Case, data: st.DataObject, ops: st.SearchStrate
             w.close()
 
 
-@pytest.mark.parametrize("case", [HAVING, TOPK_ROWS, TOPK_GROUPS, DISTINCT, SCALAR],
-                         ids=["having", "topk_rows", "topk_groups", "distinct", "scalar"])
+@pytest.mark.parametrize("case", [HAVING, with_options(HAVING, preaggregate=False), TOPK_ROWS,
+                                  TOPK_GROUPS, DISTINCT, SCALAR],
+                         ids=["having", "having-per-row", "topk_rows", "topk_groups", "distinct",
+                              "scalar"])
 @SETTINGS
 @given(data=st.data())
 def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> None:
@@ -376,7 +381,8 @@ def test_preaggregated_and_per_row_deltas(db: str, case: Case, data: st.DataObje
     run_sequence(db, case, data, S1_OPS, apply_s1)
 
 
-@pytest.mark.parametrize("case", [JOIN, JOIN_TOPK], ids=["having", "topk"])
+@pytest.mark.parametrize("case", [JOIN, with_options(JOIN, join_filter=False), JOIN_TOPK],
+                         ids=["having-filter-per-row", "having-preaggregated", "topk"])
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
 def test_join_sequences(db: str, case: Case, data: st.DataObject) -> None:
@@ -428,6 +434,46 @@ def seed_join3(c: Conn) -> None:
     seed_s1(c)
 
 
+def test_preaggregated_min_max_values_follow_every_change(db: str) -> None:
+    """The group values themselves (not only the sketch) against PostgreSQL's, after each
+    change to max(w) read pre-aggregated: deletes of the current max until the 2-value buffer
+    refills, a new max inserted and moved across groups, NULLs, an emptied group."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, HAVING)
+    assert pipe._preaggregated() and pipe.aggregate is not None
+    changes = [
+        *["DELETE FROM s1 WHERE id IN (SELECT id FROM s1 WHERE g = 1 AND w IS NOT NULL"
+          " ORDER BY w DESC, id LIMIT 1)"] * 3,
+        "INSERT INTO s1 VALUES (500, 1, 4, 90), (501, 1, NULL, NULL), (502, 2, 1, 90)",
+        "UPDATE s1 SET g = 3 WHERE id = 500",
+        "UPDATE s1 SET w = NULL WHERE id = 502",
+        "DELETE FROM s1 WHERE g = 3",
+        "UPDATE s1 SET w = w - 1 WHERE g = 4",
+    ]
+    for change in changes:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(change)
+        with snapshot_conn(db) as c:
+            pipe.maintain(c)
+            expected = c.execute(
+                "SELECT t.g, sum(t.v), max(t.w), avg(t.v) FROM s1 t GROUP BY t.g").fetchall()
+            c.commit()
+        got = [row for row, _ann, _w in pipe.aggregate.current_output()]
+        assert sorted(got, key=repr) == sorted(expected, key=repr), change
+
+
+def test_which_deltas_are_read_preaggregated() -> None:
+    """Grouped aggregates (min/max too, joins too) unless the WHERE is not pushed down, the
+    join key filter is on, the aggregate is scalar, or the query is not an aggregate."""
+    def summed(case: Case) -> bool:
+        return compile(analyse(case.query), case.targets, None, case.options)._preaggregated()
+    assert summed(HAVING) and summed(WHERE_AGG_PUSHED) and summed(JOIN_PREAGG)
+    assert summed(with_options(JOIN, join_filter=False)) and summed(JOIN3_PREAGG)
+    assert not summed(with_options(HAVING, preaggregate=False))
+    assert not summed(JOIN) and not summed(WHERE_AGG) and not summed(SCALAR)
+    assert not summed(TOPK_ROWS) and not summed(DISTINCT)
+
+
 @pytest.mark.parametrize("case", [JOIN_PREAGG, with_options(JOIN_PREAGG, preaggregate=False),
                                   JOIN3_PREAGG, with_options(JOIN3_PREAGG, preaggregate=False)],
                          ids=["2-way-preaggregated", "2-way-per-row",
@@ -447,8 +493,7 @@ def test_join_preaggregated_and_per_row_deltas(db: str, case: Case,
     run_sequence(db, case, data, ops, apply_join3 if three else apply_join)
 
 
-UNPUSHED_SINGLE = [WHERE_AGG, with_options(WHERE_AGG, minmax_buffer=1),
-                   with_options(WHERE_AGG, pushdown=True),
+UNPUSHED_SINGLE = [WHERE_AGG, with_options(WHERE_AGG, minmax_buffer=1), WHERE_AGG_PUSHED,
                    with_options(SCALAR, pushdown=False),
                    with_options(TOPK_ROWS, pushdown=False)]
 
@@ -539,13 +584,14 @@ def _maintained_once(db: str, pipe: Pipeline, warm: bool) -> None:
 
 @pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
 def test_delta_reads_keep_the_callers_settings(db: str, warm: bool) -> None:
-    """The planner settings of the delta reads (deltas.read_settings) are undone: the caller's
-    transaction, e.g. a query's own, goes on with its settings and its data unchanged."""
-    reset(db, ("s1",), seed_s1)
-    pipe = build(db, PREAGG)
+    """The planner settings of a join's delta reads (deltas.read_settings) are undone: the
+    caller's transaction, e.g. a query's own, goes on with its settings and data unchanged."""
+    reset(db, ("r", "s"), seed_join)
+    pipe = build(db, JOIN_PREAGG)
     _maintained_once(db, pipe, warm)
     with psycopg.connect(db, autocommit=True) as c:
-        c.execute("INSERT INTO s1 VALUES (1001, 2, 5, 5)")
+        c.execute("INSERT INTO r VALUES (1001, 2, 5)")
+        c.execute("INSERT INTO s VALUES (1001, 1001, 1)")
     names = ("max_parallel_workers_per_gather", "jit", "plan_cache_mode")
     with snapshot_conn(db) as c:
         c.execute("SET LOCAL max_parallel_workers_per_gather = 3")
@@ -555,7 +601,7 @@ def test_delta_reads_keep_the_callers_settings(db: str, warm: bool) -> None:
         assert pipe.applied > 0
         after = [c.execute("SELECT current_setting(%s)", (n,)).fetchone() for n in names]
         assert after == before
-        assert c.execute("SELECT count(*) FROM s1 WHERE id = 1001").fetchone() == (1,)
+        assert c.execute("SELECT count(*) FROM r WHERE id = 1001").fetchone() == (1,)
         c.commit()
 
 
