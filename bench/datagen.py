@@ -111,7 +111,7 @@ def create_synthetic(conn: psycopg.Connection[tuple[object, ...]], rows: int, gr
                      seed: int) -> None:
     """Creates and fills ``r`` (rows) and ``s`` (groups rows), indexes them and ANALYZEs."""
     install_functions(conn)
-    coldefs = [sql.SQL("id bigint PRIMARY KEY"), sql.SQL("a int NOT NULL")]
+    coldefs: list[sql.Composable] = [sql.SQL("id bigint PRIMARY KEY"), sql.SQL("a int NOT NULL")]
     coldefs += [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
                 for c in R_COLUMNS]
     conn.execute("DROP TABLE IF EXISTS r, s")

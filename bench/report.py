@@ -192,7 +192,7 @@ def stat_counters(run: dict[str, Any]) -> dict[str, float]:
     for k in STAT_KEYS:
         v = run.get("proxy_stats", {}).get(k)
         try:
-            out[k] = float(v)  # type: ignore[arg-type]
+            out[k] = float(v)
         except (TypeError, ValueError):
             continue
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -71,9 +71,10 @@ class DataStats:
                 sql.Literal(JOIN_REGION_LIMIT)))).fetchone()
         mrow = conn.execute("SELECT coalesce(max(id), 0) FROM r").fetchone()
         trow = conn.execute("SELECT to_regclass('lineitem') IS NOT NULL").fetchone()
-        return cls(rows=rows, groups=groups, seed=seed, max_id=int(mrow[0]) if mrow else 0,  # type: ignore[call-overload]
-                   having_thresholds=tuple(int(v) for v in (hrow[0] if hrow else [])),  # type: ignore[union-attr]
-                   join_thresholds=tuple(int(v) for v in (jrow[0] if jrow else [])),  # type: ignore[union-attr]
+        return cls(rows=rows, groups=groups, seed=seed,
+                   max_id=int(cast(int, mrow[0])) if mrow else 0,
+                   having_thresholds=_ints(hrow[0] if hrow else []),
+                   join_thresholds=_ints(jrow[0] if jrow else []),
                    tpch=bool(trow and trow[0]))
 
     def to_json(self) -> dict[str, Any]:
@@ -82,6 +83,10 @@ class DataStats:
 
 def render(q: sql.Composable) -> str:
     return q.as_string(None)
+
+
+def _ints(values: object) -> tuple[int, ...]:
+    return tuple(int(v) for v in cast(list[Any], values))
 
 
 # ------------------------------------------------------------------------------------ queries
