@@ -166,30 +166,25 @@ def parse(spec: PlanSpec,
     ng, nv = len(spec.group_sql), len(valued)
     at_v = ng + len(slots)
     at0 = at_v + 2 * nv
+    frag_cols = [(s, ng + k) for k, s in enumerate(slots) if s is not None]
+    layout: list[tuple[int, bool]] = []     # (first column or -1 for min/max, sum/avg?)
+    at = at0 + 1
+    for a in spec.aggs:
+        summed = a.func in ("sum", "avg")
+        layout.append((-1, False) if a.func in ("min", "max") else (at, summed))
+        at += 3 if summed else 0 if a.func in ("min", "max") else 1
     out: list[Partial] = []
     values: list[ValueChange] = []
     for r in rows:
         if r[-1]:
             raise InconsistentDelta("audit rows with a multiplicity other than ±1")
-        flags = r[at_v + nv:at0]
-        if 0 in flags:
-            j = flags.index(0)
-            values.append((tuple(r[:ng]), valued[j], r[at_v + j], int(r[at0])))
+        if nv and 0 in r[at_v + nv:at0]:
+            j = r[at_v + nv:at0].index(0)
+            values.append((r[:ng], valued[j], r[at_v + j], r[at0]))
             continue
-        parts: list[object] = []
-        at = at0 + 1
-        for a in spec.aggs:
-            if a.func in ("sum", "avg"):
-                pos, neg = r[at], r[at + 1]
-                parts.append(((0 if pos is None else pos) - (0 if neg is None else neg),
-                              int(r[at + 2])))
-                at += 3
-            elif a.func in ("count", "count_star"):
-                parts.append(int(r[at]))
-                at += 1
-            else:
-                parts.append(None)
-        frags = tuple((s, int(f)) for s, f in zip(slots, r[ng:at_v], strict=True)
-                      if s is not None)
-        out.append((tuple(r[:ng]), frags, int(r[at0]), parts))
+        parts = [None if c < 0 else
+                 ((0 if r[c] is None else r[c]) - (0 if r[c + 1] is None else r[c + 1]),
+                  r[c + 2]) if summed else r[c]
+                 for c, summed in layout]
+        out.append((r[:ng], tuple([(s, r[c]) for s, c in frag_cols]), r[at0], parts))
     return out, values
