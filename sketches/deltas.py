@@ -267,33 +267,36 @@ def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
                 since: str) -> list[tuple[Any, ...]]:
     """:func:`fetch` of a query built before (its table's tracking unchanged since)."""
     rows = conn.execute(query.text, {"since": since}).fetchall()
-    for relid, audit_table in query.audits:
-        _check_audit_visible(conn, audit_table, relid)
+    _check_audits_visible(query.audits, conn.execute(*_visible_query(query.audits)).fetchone())
     log.debug("table %s: %d delta rows since %s", query.relid, len(rows), since)
     return rows
 
 
-_AUDIT_VISIBLE = b"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass(%s))"
 _AUDITS_VISIBLE = (b"SELECT array_agg(EXISTS (SELECT 1 FROM pg_catalog.pg_class"
                    b" WHERE oid = to_regclass(u.n)) ORDER BY u.i)"
                    b" FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)")
 
 
-def _check_audit_visible(conn: psycopg.Connection[Any], audit_table: str, relid: int) -> None:
-    """Raises :class:`AuditRebuilt` unless the audit table just read existed in this snapshot.
+def _visible_query(audits: Sequence[tuple[int, str]]) -> tuple[bytes, tuple[list[str]]]:
+    """The check of :func:`_check_audits_visible` for ``audits`` ((relid, audit table) pairs):
+    one statement, to run after the fetches that read them."""
+    return _AUDITS_VISIBLE, ([a for _relid, a in audits],)
+
+
+def _check_audits_visible(audits: Sequence[tuple[int, str]],
+                          row: tuple[Any, ...] | None) -> None:
+    """Raises :class:`AuditRebuilt` unless every audit table just read existed in this snapshot
+    (``row``: the result of :func:`_visible_query`).
 
     Why after the fetch: the fetch holds ACCESS SHARE on the table it resolved by name until
     the transaction ends, so no DDL can replace it any more; ``to_regclass`` resolves the name
     through the latest catalog (that same table), while the ``pg_class`` scan sees this
     transaction's snapshot. A table created after the snapshot is invisible to the scan."""
-    row = conn.execute(_AUDIT_VISIBLE, (audit_table,)).fetchone()
-    _audit_visible(row, audit_table, relid)
-
-
-def _audit_visible(row: tuple[Any, ...] | None, audit_table: str, relid: int) -> None:
-    if not (row and row[0]):
-        raise AuditRebuilt(f"audit table {audit_table} of table {relid} was rebuilt "
-                           "after this snapshot was taken")
+    flags = list(row[0]) if row and row[0] else []
+    for i, (relid, audit_table) in enumerate(audits):
+        if i >= len(flags) or not flags[i]:
+            raise AuditRebuilt(f"audit table {audit_table} of table {relid} was rebuilt "
+                               "after this snapshot was taken")
 
 
 _SAVEPOINT = b"SAVEPOINT _imp_deltas"
@@ -343,7 +346,7 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
                 conn.execute(_SETTINGS)
             probed = conn.execute(_PROBE, (list(relids),))
             fetched = [conn.execute(q.text, {"since": since}) for q in queries]
-            visible = conn.execute(_AUDITS_VISIBLE, ([a for _r, a in audits],))
+            visible = conn.execute(*_visible_query(audits))
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
     except psycopg.Error as exc:
@@ -352,12 +355,11 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
             conn.execute(stmt)
         return None
     probe = _probe_result(conn, probed.fetchall())
-    row = visible.fetchone()
-    for (relid, audit_table), seen in zip(audits, row[0] if row else [], strict=True):
+    for relid, audit_table in audits:
         info = probe.tables.get(relid)
         if info is None or info.audit_table != audit_table:
             return None
-        _audit_visible((seen,), audit_table, relid)
+    _check_audits_visible(audits, visible.fetchone())
     return probe, [f.fetchall() for f in fetched]
 
 

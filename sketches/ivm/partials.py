@@ -10,12 +10,12 @@ A join's delta is expanded by inclusion–exclusion over the tables that changed
     Δ(T0 ⋈ … ⋈ Tn) = Σ over non-empty X ⊆ {0…n} of (−1)^(|X|+1) · ⋈_{i∈X} ΔTi ⋈_{i∉X} Ti'
 
 (for two tables: ΔR ⋈ S' + R' ⋈ ΔS − ΔR ⋈ ΔS, the rule of DESIGN §7), one ``UNION ALL`` term
-per X, all in the one snapshot. A term whose ``ΔTi`` is empty is cut by a one-time filter, so
-PostgreSQL never scans ``R'`` for an empty ``ΔS``. Each term row carries the weight
-``±Π _mult``; the outer query sums per (group, fragments) with the sums of the aggregate
-arguments split by the weight's sign, so the argument's own type (and PostgreSQL's sum
-semantics) is kept. That split is exact only when every ``_mult`` is ±1, which the query
-counts itself.
+per X, all in the one snapshot. A term whose ``ΔTi`` has no row passing ``Ti``'s WHERE is cut
+by a one-time filter, so PostgreSQL never scans ``R'`` for an empty ``ΔS``. Each term row
+carries the weight ``±Π _mult``; the outer query sums per (group, fragments) with the sums of
+the aggregate arguments split by the weight's sign, so the argument's own type (and
+PostgreSQL's sum semantics) is kept. That split is exact only when every ``_mult`` is ±1,
+which the query counts itself.
 """
 
 from __future__ import annotations
@@ -100,10 +100,24 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
                  if ng + nf else sql.SQL(""))
     text = sql.SQL("SELECT {} FROM ({}) AS _d{}").format(
         sql.SQL(", ").join(cols), sql.SQL(" UNION ALL ").join(terms), group)
+    return _reading(conn, infos, text, tuned=len(infos) > 1)
+
+
+def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable,
+             tuned: bool = False) -> deltas.DeltaQuery:
+    """``text`` as a query that reads the audit tables of all ``infos``."""
     first, *rest = infos
     return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
-                             tuple((i.relid, i.audit_table) for i in rest),
-                             tuned=len(infos) > 1)
+                             tuple((i.relid, i.audit_table) for i in rest), tuned=tuned)
+
+
+def _has_delta(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composable:
+    """``EXISTS`` a delta row of ``t`` that passes its own WHERE."""
+    return sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
+        deltas.escaped(conn, deltas.audit_source(info)),
+        deltas.escaped(conn, sql.Identifier(t.alias)),
+        sql.SQL(" AND ").join([deltas.param_delta_filter(conn, t.alias),
+                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]))
 
 
 def touched_query(conn: Conn, spec: PlanSpec,
@@ -112,16 +126,8 @@ def touched_query(conn: Conn, spec: PlanSpec,
     empty although its tables changed (rows without partners): the state still advanced over
     a real delta, which ``Pipeline.applied`` (and so the maintenance counters) must show.
     Needless for one table: each such row makes a row of :func:`query`."""
-    exists = [sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
-        deltas.escaped(conn, deltas.audit_source(info)),
-        deltas.escaped(conn, sql.Identifier(t.alias)),
-        sql.SQL(" AND ").join([deltas.param_delta_filter(conn, t.alias),
-                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]))
-        for t, info in zip(spec.tables, infos, strict=True)]
-    text = sql.SQL("SELECT {}").format(sql.SQL(" OR ").join(exists))
-    first, *rest = infos
-    return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
-                             tuple((i.relid, i.audit_table) for i in rest))
+    exists = [_has_delta(conn, t, info) for t, info in zip(spec.tables, infos, strict=True)]
+    return _reading(conn, infos, sql.SQL("SELECT {}").format(sql.SQL(" OR ").join(exists)))
 
 
 def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
@@ -135,8 +141,7 @@ def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
             source = deltas.escaped(conn, deltas.audit_source(info))
             conds.append(deltas.param_delta_filter(conn, t.alias))
             if len(changed) < len(spec.tables):
-                conds.append(sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
-                    source, alias, deltas.param_delta_filter(conn, t.alias)))
+                conds.append(_has_delta(conn, t, info))
         else:
             source = _text(t.relation)
         items.append(sql.SQL("{} AS {}").format(source, alias))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from sortedcontainers import SortedDict
 
@@ -151,6 +151,12 @@ class CountAcc:
             if self.nonnull < 0:
                 raise InconsistentDelta("count below zero")
 
+    def absorb(self, part: object) -> None:
+        """Adds a pre-aggregated change: the signed change of the non-NULL count."""
+        self.nonnull += cast(int, part)
+        if self.nonnull < 0:
+            raise InconsistentDelta("count below zero")
+
     def result(self) -> object:
         return self.nonnull
 
@@ -181,6 +187,16 @@ class SumAcc:
             raise InconsistentDelta("sum: non-NULL count below zero")
         if self.nonnull == 0:
             self.total = 0   # drops float residue and Decimal exponent drift of an empty group
+
+    def absorb(self, part: object) -> None:
+        """Adds a pre-aggregated change ``(sum change, non-NULL count change)``."""
+        total, nonnull = cast(tuple[Any, int], part)
+        self.total = self.total + total
+        self.nonnull += nonnull
+        if self.nonnull < 0:
+            raise InconsistentDelta("sum: non-NULL count below zero")
+        if self.nonnull == 0:
+            self.total = 0
 
     def result(self) -> object:
         if self.nonnull == 0:
@@ -250,6 +266,12 @@ class ValueBuffer:
             del values[value]
         else:
             values[value] = m
+
+    def absorb(self, part: object) -> None:
+        """A pre-aggregated delta carries no partial for min/max (None): its values come one
+        by one, as net changes, through :meth:`add`."""
+        if part is not None:
+            raise NotMaintainable("min/max cannot absorb a pre-aggregated partial")
 
     def trim(self) -> None:
         """Drops the worst values beyond ``limit`` distinct values (bounded state)."""

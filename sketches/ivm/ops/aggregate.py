@@ -35,7 +35,6 @@ from sketches.ivm.operator import Operator, check_kind
 from sketches.ivm.ops.accumulators import (
     FUNCTIONS,
     Accumulator,
-    CountAcc,
     SumAcc,
     ValueBuffer,
     make_accumulator,
@@ -211,7 +210,7 @@ class Aggregate(Operator):
                 if count_fragment(st.frags[slot], f, count):
                     reann.add(key)
             for acc, part in zip(st.accs, partials, strict=True):
-                _absorb(acc, part)
+                acc.absorb(part)
         for key, i, value, weight in values:
             st = groups.get(key)
             if st is None or key not in old:
@@ -354,21 +353,3 @@ partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
 ValueChange = tuple[Row, int, object, int]
 """Group key, index of a min/max aggregate, a value, its net multiplicity change."""
 
-
-def _absorb(acc: Accumulator, part: object) -> None:
-    if part is None and isinstance(acc, ValueBuffer):
-        return   # its values come as ValueChange rows
-    if isinstance(acc, SumAcc):
-        total, nonnull = cast(tuple[Any, int], part)
-        acc.total = acc.total + total
-        acc.nonnull += nonnull
-        if acc.nonnull < 0:
-            raise InconsistentDelta("sum: non-NULL count below zero")
-        if acc.nonnull == 0:
-            acc.total = 0   # as SumAcc.add: no residue in an empty group
-    elif isinstance(acc, CountAcc):
-        acc.nonnull += cast(int, part)
-        if acc.nonnull < 0:
-            raise InconsistentDelta("count below zero")
-    else:
-        raise NotMaintainable(f"{type(acc).__name__} cannot absorb a pre-aggregated delta")
