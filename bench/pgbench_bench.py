@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
+TRANSPORTS = {"tcp": ("tcp",), "unix": ("unix",), "both": ("tcp", "unix")}
+"""Upstream transports of the relays; clients (pgbench) always connect over TCP."""
+
+
 class BenchError(RuntimeError):
     """A component of the benchmark could not be started or failed."""
 
@@ -78,15 +82,16 @@ def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> 
 
 
 @contextlib.contextmanager
-def pgbouncer(pg: LocalPostgres, workdir: Path) -> Iterator[int]:
-    """PgBouncer in session pooling mode in front of ``pg``; yields its port."""
+def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[int]:
+    """PgBouncer in session pooling mode in front of ``pg`` (over its Unix socket when
+    ``unix``, else TCP); yields its port."""
     d = workdir / "pgbouncer"
     d.mkdir()
     port = free_port()
     (d / "userlist.txt").write_text('"postgres" ""\n')
     (d / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"* = host=127.0.0.1 port={pg.port}\n"
+        f"* = host={pg.socket_dir if unix else '127.0.0.1'} port={pg.port}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
         "unix_socket_dir =\n"
@@ -117,14 +122,16 @@ def pgbouncer(pg: LocalPostgres, workdir: Path) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str) -> Iterator[int]:
-    """``python -m imp_proxy serve`` in front of ``pg``; yields its port."""
+def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str, unix: bool = False) -> Iterator[int]:
+    """``python -m imp_proxy serve`` in front of ``pg`` (over its Unix socket when ``unix``,
+    else TCP); yields its port."""
+    upstream = pg.socket_dsn() if unix else pg.dsn()
     port = free_port()
     logfile = workdir / f"imp-proxy-{port}.log"
     with open(logfile, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "imp_proxy", "--log-level", "WARNING", "serve",
-             "--listen", f"127.0.0.1:{port}", "--upstream", pg.dsn(), *extra],
+             "--listen", f"127.0.0.1:{port}", "--upstream", upstream, *extra],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -136,6 +143,12 @@ def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str) -> Iterator[int]:
         yield port
     finally:
         _stop(proc.pid, proc, signal.SIGTERM)
+
+
+def _subdir(workdir: Path, name: str) -> Path:
+    d = workdir / name
+    d.mkdir()
+    return d
 
 
 def run_pgbench(port: int, mode: str, clients: int, duration: int,
@@ -159,6 +172,11 @@ def run_pgbench(port: int, mode: str, clients: int, duration: int,
                 latencies.append(int(parts[2]) / 1000.0)
     shutil.rmtree(logdir, ignore_errors=True)
     return float(m.group(1)), latencies
+
+
+def _transport(target: str) -> str:
+    """The upstream transport in a target's name (``"pgbouncer (unix)"`` → ``"unix"``)."""
+    return target.rpartition("(")[2].rstrip(")")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -203,7 +221,9 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int, re
         f"pgbench scale {scale}, {duration} s per run, {reps} interleaved runs per "
         "configuration (median-TPS run shown), "
         "`pgbench -S -M <mode> -c <clients> -j min(clients,2)`. PgBouncer session "
-        "pooling. All processes share the same 2 cores, so relay CPU competes with "
+        "pooling. pgbench always connects over TCP; the target name says how PgBouncer or "
+        "the proxy reaches PostgreSQL (TCP on 127.0.0.1 or its Unix socket). "
+        "All processes share the same 2 cores, so relay CPU competes with "
         "PostgreSQL and pgbench; the machine is shared with other work "
         f"(load average {load[0][0]:.1f} before, {load[1][0]:.1f} after).",
         "",
@@ -217,18 +237,32 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int, re
             f"| {r.target} | {r.mode} | {r.clients} | {r.tps:,.0f} | {r.tps / d.tps:.2f} "
             f"| {r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.p50_ms - d.p50_ms:+.3f} "
             f"| {r.p99_ms - d.p99_ms:+.3f} |")
-    bouncer = {(r.mode, r.clients): r for r in results if r.target == "pgbouncer"}
+    bouncer = {(_transport(r.target), r.mode, r.clients): r
+               for r in results if r.target.startswith("pgbouncer")}
     if bouncer:
-        lines += ["", "Overhead relative to PgBouncer (added p50 latency per transaction, "
-                  "proxy / pgbouncer):", ""]
+        lines += ["", "Overhead relative to PgBouncer with the same upstream transport (added "
+                  "p50 latency per transaction, proxy / pgbouncer):", ""]
+    goals = []
     for r in results:
-        if not r.target.startswith("imp-proxy") or not bouncer:
+        if not r.target.startswith("imp-proxy"):
             continue
-        d, b = direct[(r.mode, r.clients)], bouncer[(r.mode, r.clients)]
-        added_b = b.p50_ms - d.p50_ms
-        ratio = (r.p50_ms - d.p50_ms) / added_b if added_b > 0 else float("nan")
-        lines.append(f"* {r.target}, {r.mode}, {r.clients} clients: "
-                     f"{r.p50_ms - d.p50_ms:+.3f} ms vs {added_b:+.3f} ms → {ratio:.2f}×")
+        d = direct[(r.mode, r.clients)]
+        b = bouncer.get((_transport(r.target), r.mode, r.clients))
+        ratio = float("nan")
+        if b is not None:
+            added_b = b.p50_ms - d.p50_ms
+            ratio = (r.p50_ms - d.p50_ms) / added_b if added_b > 0 else float("nan")
+            lines.append(f"* {r.target}, {r.mode}, {r.clients} clients: "
+                         f"{r.p50_ms - d.p50_ms:+.3f} ms vs {added_b:+.3f} ms → {ratio:.2f}×")
+        if r.clients == 8:
+            met = r.tps / d.tps >= 0.5 and (b is None or ratio <= 2.0)
+            goals.append(f"| {r.target} | {r.mode} | {r.tps / d.tps:.2f} | {ratio:.2f}× "
+                         f"| {'met' if met else 'missed'} |")
+    if goals:
+        lines += ["", "Goal at 8 clients: ≥ 0.50 of direct TPS and added p50 latency within 2× "
+                  "of PgBouncer's:", "",
+                  "| target | protocol | TPS vs direct | overhead vs PgBouncer | goal |",
+                  "|---|---|---:|---:|---|", *goals]
     return "\n".join(lines) + "\n"
 
 
@@ -242,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3,
                         help="repetitions per configuration; the median-TPS run is reported")
     parser.add_argument("--skip-pgbouncer", action="store_true")
+    parser.add_argument("--upstream", choices=sorted(TRANSPORTS), default="both",
+                        help="how PgBouncer and the proxy reach PostgreSQL: TCP on 127.0.0.1, "
+                        "its Unix socket, or both side by side (default)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cmdline = ["python", "-m", "bench.pgbench_bench", *(argv if argv is not None else sys.argv[1:])]
@@ -253,11 +290,15 @@ def main(argv: list[str] | None = None) -> int:
                             "-i", "-q", "-s", str(args.scale), "postgres"], check=True,
                            capture_output=True)
             targets = {"direct": pg.port}
-            if not args.skip_pgbouncer:
-                targets["pgbouncer"] = stack.enter_context(pgbouncer(pg, workdir))
-            targets["imp-proxy (relay only)"] = stack.enter_context(
-                imp_proxy(pg, workdir, "--no-sketches"))
-            targets["imp-proxy (sketches on)"] = stack.enter_context(imp_proxy(pg, workdir))
+            for transport in TRANSPORTS[args.upstream]:
+                unix = transport == "unix"
+                if not args.skip_pgbouncer:
+                    targets[f"pgbouncer ({transport})"] = stack.enter_context(
+                        pgbouncer(pg, _subdir(workdir, f"bouncer-{transport}"), unix))
+                targets[f"imp-proxy relay only ({transport})"] = stack.enter_context(
+                    imp_proxy(pg, workdir, "--no-sketches", unix=unix))
+                targets[f"imp-proxy sketches on ({transport})"] = stack.enter_context(
+                    imp_proxy(pg, workdir, unix=unix))
             results = measure(targets, args.duration, args.reps, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

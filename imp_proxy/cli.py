@@ -217,7 +217,7 @@ def _postmaster_port(datadir: Path) -> int | None:
 @contextlib.contextmanager
 def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
     """``cfg`` unchanged when it names an upstream; else one with the embedded cluster's DSN
-    (started now and stopped on exit, or reused when already running)."""
+    over its Unix socket (started now and stopped on exit, or reused when already running)."""
     if cfg.upstream is not None:
         yield cfg
         return
@@ -228,13 +228,14 @@ def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
     port = _postmaster_port(datadir)
     if port is not None:
         log.info("reusing the embedded PostgreSQL on port %d (%s)", port, datadir)
-        yield cfg.with_upstream(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        yield cfg.with_upstream(LocalPostgres(datadir=datadir, port=port,
+                                              throwaway=False).socket_dsn())
         return
     pg = LocalPostgres(datadir=datadir, throwaway=False)
     log.info("starting the embedded PostgreSQL in %s on port %d", datadir, pg.port)
     pg.start()
     try:
-        yield cfg.with_upstream(pg.dsn())
+        yield cfg.with_upstream(pg.socket_dsn())
     finally:
         pg.stop()
 

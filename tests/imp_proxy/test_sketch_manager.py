@@ -3,6 +3,7 @@ sketched SELECTs in simple and extended protocol return exactly what PostgreSQL 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -66,3 +67,33 @@ def test_dropping_sketches(ldsn: str) -> None:
         assert c.execute("IMP SHOW SKETCHES").fetchall()
         c.execute("IMP DROP ALL SKETCHES")
         assert c.execute("IMP SHOW SKETCHES").fetchall() == []
+
+
+def test_unix_socket_upstream(start_proxy: StartProxy, pg_server: Any, db_dsn: str) -> None:
+    """``--upstream postgresql://…?host=/socket/dir``: the relay, the proxy's own service
+    connections (capture, instrumented query) and CancelRequest all reach PostgreSQL over its
+    Unix socket, and answers stay identical to direct ones."""
+    if pg_server is None:
+        pytest.fail("needs the throwaway cluster's socket directory (IMP_TEST_DSN is set)")
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    upstream = psycopg.conninfo.make_conninfo(
+        "", host=str(pg_server.socket_dir), port=pg_server.port, user=info.get("user"),
+        dbname=info.get("dbname"))
+    p = start_proxy(upstream=upstream, hook="sketches.manager:SketchManager")
+    dsn = via_proxy(db_dsn, p.port)
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE us (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO us SELECT i, i % 40, i % 997 FROM generate_series(1, 8000) i")
+        q = "SELECT g, sum(v) FROM us GROUP BY g HAVING sum(v) > 101000 ORDER BY g"
+        for _ in range(2):
+            assert c.execute(q).fetchall() == d.execute(q).fetchall()
+            assert c.execute(q, prepare=True).fetchall() == d.execute(q).fetchall()
+        assert int(stats(c)["proxy.used"]) >= 1
+        assert c.execute("SELECT inet_server_addr()").fetchone() == (None,)  # a Unix socket
+        timer = threading.Timer(0.5, c.cancel)
+        timer.start()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            c.execute("SELECT pg_sleep(30)")
+        timer.join()
+        assert c.execute("SELECT 1").fetchone() == (1,)
