@@ -85,7 +85,7 @@ def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> 
 def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[int]:
     """PgBouncer in session pooling mode in front of ``pg`` (over its Unix socket when
     ``unix``, else TCP); yields its port."""
-    d = workdir / "pgbouncer"
+    d = workdir / f"pgbouncer-{'unix' if unix else 'tcp'}"
     d.mkdir()
     port = free_port()
     (d / "userlist.txt").write_text('"postgres" ""\n')
@@ -143,12 +143,6 @@ def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str, unix: bool = False)
         yield port
     finally:
         _stop(proc.pid, proc, signal.SIGTERM)
-
-
-def _subdir(workdir: Path, name: str) -> Path:
-    d = workdir / name
-    d.mkdir()
-    return d
 
 
 def run_pgbench(port: int, mode: str, clients: int, duration: int,
@@ -294,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 unix = transport == "unix"
                 if not args.skip_pgbouncer:
                     targets[f"pgbouncer ({transport})"] = stack.enter_context(
-                        pgbouncer(pg, _subdir(workdir, f"bouncer-{transport}"), unix))
+                        pgbouncer(pg, workdir, unix))
                 targets[f"imp-proxy relay only ({transport})"] = stack.enter_context(
                     imp_proxy(pg, workdir, "--no-sketches", unix=unix))
                 targets[f"imp-proxy sketches on ({transport})"] = stack.enter_context(
