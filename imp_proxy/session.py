@@ -238,8 +238,10 @@ class Session(LocalAdmin):
                     self.batch_open = False
             elif typ in _EXTENDED:
                 special = (self._extended_special(data, pos, end)
-                           if (typ == PARSE or self.sketching or self.local_batch
-                               or self.admin_stmts or self.admin_portals) else None)
+                           if (typ == PARSE or self.local_batch or self.admin_stmts
+                               or self.admin_portals
+                               or (self.statements and (typ == BIND or typ == CLOSE)))
+                           else None)
                 if special == "hold":
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
