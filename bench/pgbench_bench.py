@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.machine import machine_facts
 from imp_proxy.embedded import LocalPostgres, free_port
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,11 @@ def run_pgbench(port: int, mode: str, clients: int, duration: int,
     return float(m.group(1)), latencies
 
 
+def _revision() -> str:
+    facts = machine_facts()
+    return f"{str(facts['git_commit'])[:12]}{' (dirty)' if facts['git_dirty'] else ''}"
+
+
 def _transport(target: str) -> str:
     """The upstream transport in a target's name (``"pgbouncer (unix)"`` → ``"unix"``)."""
     return target.rpartition("(")[2].rstrip(")")
@@ -209,7 +215,7 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int, re
     lines = [
         "# pgbench -S: direct vs PgBouncer vs IMP proxy",
         "",
-        f"Command: `{' '.join(argv)}`  ",
+        f"Command: `{' '.join(argv)}` at git {_revision()}  ",
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; PostgreSQL 15 (throwaway cluster, fsync off), "
         f"pgbench scale {scale}, {duration} s per run, {reps} interleaved runs per "
