@@ -135,6 +135,19 @@ class IsNull:
 Expr: TypeAlias = Col | Const | Cmp | Arith | And | Or | Not | IsNull
 
 
+def columns(expr: Expr) -> frozenset[int]:
+    """The row positions ``expr`` reads."""
+    if isinstance(expr, Col):
+        return frozenset((expr.index,))
+    if isinstance(expr, Const):
+        return frozenset()
+    if isinstance(expr, Cmp | Arith):
+        return columns(expr.left) | columns(expr.right)
+    if isinstance(expr, And | Or):
+        return frozenset().union(*(columns(a) for a in expr.args))
+    return columns(expr.arg)
+
+
 def holds(expr: Expr, row: Row) -> bool:
     """WHERE/HAVING semantics: only TRUE keeps the row (NULL and FALSE drop it)."""
     return expr.eval(row) is True

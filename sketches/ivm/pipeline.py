@@ -462,19 +462,20 @@ class Pipeline:
             return empty
         self.applied = sum(len(z) for z in fetched)
 
-        def step() -> ZSet:
+        def step() -> SketchDelta:
             self._extend_filters(fetched)
-            return self._step(fetched)
+            return self.merge.step(self._step(fetched))
         return self._advance(conn, current, step)
 
-    def _advance(self, conn: Conn, current: str, step: Callable[[], ZSet]) -> SketchDelta:
-        """Runs ``step`` (the operators on one delta) with ``conn`` available for refills and
-        partner lookups, merges its output and moves the version to ``current``. An exception
-        inside leaves the pipeline broken: its state may be half-updated."""
+    def _advance(self, conn: Conn, current: str,
+                 step: Callable[[], SketchDelta]) -> SketchDelta:
+        """Runs ``step`` (the operators and the merge on one delta) with ``conn`` available for
+        refills and partner lookups and moves the version to ``current``. An exception inside
+        leaves the pipeline broken: its state may be half-updated."""
         self._conn = conn
         self.broken = True
         try:
-            change = self.merge.step(step())
+            change = step()
         finally:
             self._conn = None
         self.broken = False
@@ -557,8 +558,12 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = len(changes)
-        return self._advance(conn, current,
-                             lambda: self._above_aggregate(agg.step_partials(changes, values)))
+        if self.topk is None:
+            having = None if self.having is None else (self.having.test, self.having.columns)
+            return self._advance(conn, current, lambda: self.merge.apply(
+                agg.step_sketch(changes, values, having)))
+        return self._advance(conn, current, lambda: self.merge.step(
+            self._above_aggregate(agg.step_partials(changes, values))))
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

@@ -63,12 +63,16 @@ class AggSpec:
 
 
 class GroupState:
-    __slots__ = ("count", "frags", "accs")
+    """``passed``: whether the group's output row passed the HAVING test when
+    :meth:`Aggregate.step_sketch` last evaluated it; None when unknown (any other change)."""
+
+    __slots__ = ("count", "frags", "accs", "passed")
 
     def __init__(self, slots: int, accs: list[Accumulator]) -> None:
         self.count = 0
         self.frags: list[dict[int, int]] = [{} for _ in range(slots)]
         self.accs = accs
+        self.passed: bool | None = None
 
     def add_frags(self, frags: Iterable[tuple[int, int]], weight: int) -> None:
         for slot, f in frags:
@@ -220,6 +224,106 @@ class Aggregate(Operator):
             self._settle_buffers(old)
         return self._emit(old, reann)
 
+    def step_sketch(self, rows: Iterable[Partial], values: Iterable[ValueChange],
+                    having: HavingTest | None) -> list[dict[int, int]]:
+        """:meth:`step_partials` fused with HAVING (None: no HAVING) and the merge: returns,
+        per slot, the change of each fragment's count of *passing* output rows (what
+        :meth:`Merge.apply` takes) instead of a Z-set of output rows.
+
+        Why: for Aggregate → HAVING → Merge the old output row of a touched group matters
+        only through whether it passed and its fragments. ``GroupState.passed`` remembers the
+        first; the second follows from the fragments whose count crossed zero in this batch.
+        So no old row is recomputed, no Z-set built, only the aggregates HAVING reads are
+        computed, and a group that passes before and after with unchanged fragments costs
+        nothing beyond its new row's HAVING test. Same state changes as
+        :meth:`step_partials` (the tests check the sketches against it)."""
+        if self.scalar:
+            raise NotMaintainable("pre-aggregated deltas need GROUP BY")
+        self._recent = {}
+        passes = self._pass_test(having)
+        groups, new_group = self.groups, self._new_group
+        before: dict[Row, bool] = {}
+        flips: dict[Row, dict[tuple[int, int], int]] = {}
+        for key, frags, count, partials in rows:
+            st = groups.get(key)
+            if st is None:
+                st = groups[key] = new_group()
+            if key not in before:
+                before[key] = passes(key, st)
+            st.count += count
+            for slot, f in frags:
+                counter = st.frags[slot]
+                if count_fragment(counter, f, count):
+                    net = flips.setdefault(key, {})
+                    net[slot, f] = net.get((slot, f), 0) + (1 if f in counter else -1)
+            for acc, part in zip(st.accs, partials, strict=True):
+                acc.absorb(part)
+        for key, i, value, weight in values:
+            st = groups.get(key)
+            if st is None or key not in before:
+                raise InconsistentDelta(f"value change of group {key!r} without its rows")
+            st.accs[i].add(value, weight)
+        if self._buffered:
+            self._settle_buffers(before)
+        return self._passing_changes(before, flips, passes)
+
+    def _pass_test(self, having: HavingTest | None) -> Callable[[Row, GroupState], bool]:
+        """``(key, state) -> bool``: the group has an output row and it passes ``having``;
+        from ``state.passed`` when known, else computed (with placeholders for the aggregates
+        the test does not read) and remembered."""
+        if having is None:
+            return lambda key, st: st.count > 0
+        test, cols = having
+        width = len(self.group_by)
+        needed = [width + i in cols for i in range(len(self.aggs))]
+        if all(needed):
+            def results(accs: list[Accumulator]) -> tuple[object, ...]:
+                return tuple(map(_result, accs))
+        else:
+            def results(accs: list[Accumulator]) -> tuple[object, ...]:
+                return tuple([a.result() if n else None for a, n in zip(accs, needed, strict=True)])
+
+        def passes(key: Row, st: GroupState) -> bool:
+            if st.count <= 0:
+                return False
+            if st.passed is None:
+                st.passed = test(key + results(st.accs)) is True
+            return st.passed
+        return passes
+
+    def _passing_changes(self, before: dict[Row, bool],
+                         flips: dict[Row, dict[tuple[int, int], int]],
+                         passes: Callable[[Row, GroupState], bool]) -> list[dict[int, int]]:
+        changes: list[dict[int, int]] = [{} for _ in range(self.slots)]
+        groups = self.groups
+        for key, was in before.items():
+            st = groups[key]
+            if st.count < 0:
+                raise InconsistentDelta(f"group {key!r} counted below zero")
+            if st.count == 0 and any(st.frags):
+                raise InconsistentDelta(f"empty group {key!r} still counts fragments")
+            st.passed = None
+            now = passes(key, st)
+            if st.count == 0:
+                del groups[key]
+            net = flips.get(key)
+            if was and now:
+                if net:
+                    for (slot, f), d in net.items():
+                        if d:
+                            ch = changes[slot]
+                            ch[f] = ch.get(f, 0) + d
+            elif was:
+                for slot, f in _fragments_before(st, net):
+                    ch = changes[slot]
+                    ch[f] = ch.get(f, 0) - 1
+            elif now:
+                for slot, counter in enumerate(st.frags):
+                    ch = changes[slot]
+                    for f in counter:
+                        ch[f] = ch.get(f, 0) + 1
+        return changes
+
     def _emit(self, old: dict[Row, tuple[Row, Ann] | None], reann: set[Row]) -> ZSet:
         """``−old row +new row`` of every touched group (built as a dict: identical pairs
         cancel); drops groups that became empty."""
@@ -228,6 +332,7 @@ class Aggregate(Operator):
         recent: dict[Row, Row] = {}
         for key, before in old.items():
             st = groups[key]
+            st.passed = None
             if st.count < 0:
                 raise InconsistentDelta(f"group {key!r} counted below zero")
             if st.count > 0 or scalar:
@@ -284,6 +389,7 @@ class Aggregate(Operator):
         if st is None:
             st = self.groups[key] = self._new_group()
         st.count += count
+        st.passed = None
         st.add_frags(((s, f) for s, f in enumerate(frags) if f is not None), count)
         for acc, part in zip(st.accs, partials, strict=True):
             if isinstance(acc, SumAcc):
@@ -297,7 +403,9 @@ class Aggregate(Operator):
     def load_values(self, key: Row, agg_index: int, values: Sequence[tuple[object, int]],
                     complete: bool) -> None:
         self._recent = {}
-        acc = self.groups[key].accs[agg_index]
+        st = self.groups[key]
+        st.passed = None
+        acc = st.accs[agg_index]
         if not isinstance(acc, ValueBuffer):
             raise TypeError(f"aggregate {agg_index} is not min/max")
         acc.load(values, complete)
@@ -336,6 +444,17 @@ class Aggregate(Operator):
             self.groups[decode_row(key)] = st
 
 
+def _fragments_before(st: GroupState,
+                      net: dict[tuple[int, int], int] | None) -> list[tuple[int, int]]:
+    """(slot, fragment) pairs of the group's fragments before the batch whose net fragment
+    appearances (+1) and disappearances (−1) are ``net``."""
+    out = [(slot, f) for slot, counter in enumerate(st.frags) for f in counter
+           if not net or net.get((slot, f), 0) <= 0]
+    if net:
+        out += [sf for sf, d in net.items() if d < 0]
+    return out
+
+
 def _key_function(cols: tuple[int, ...]) -> Callable[[Row], Row]:
     """``row -> tuple(row[i] for i in cols)`` without a generator per row."""
     if not cols:
@@ -347,6 +466,8 @@ def _key_function(cols: tuple[int, ...]) -> Callable[[Row], Row]:
 
 
 Partial = tuple[Row, Sequence[tuple[int, int]], int, Sequence[object]]
+HavingTest = tuple[Callable[[Row], object], frozenset[int]]
+"""HAVING as a function of an output row (True, False or None) and the positions it reads."""
 """A pre-aggregated delta row: group key, ``(slot, fragment)`` pairs, row-count change, one
 partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
 

@@ -38,14 +38,18 @@ class Merge:
         self.counts: list[dict[int, int]] = [{} for _ in range(slots)]
 
     def step(self, delta: ZSet) -> SketchDelta:
-        added: list[set[int]] = [set() for _ in range(self.slots)]
-        removed: list[set[int]] = [set() for _ in range(self.slots)]
         changes: list[dict[int, int]] = [{} for _ in range(self.slots)]
         for ann, w in _weights_per_ann(delta).items():
             if w:
                 for ch, frags in zip(changes, ann, strict=True):
                     for f in frags:
                         ch[f] = ch.get(f, 0) + w
+        return self.apply(changes)
+
+    def apply(self, changes: list[dict[int, int]]) -> SketchDelta:
+        """Adds ``changes[slot][f]`` to the count of fragment ``f`` of each slot."""
+        added: list[set[int]] = [set() for _ in range(self.slots)]
+        removed: list[set[int]] = [set() for _ in range(self.slots)]
         for slot, ch in enumerate(changes):
             counts = self.counts[slot]
             for f, d in ch.items():

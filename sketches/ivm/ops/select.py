@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or
+from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, columns
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
@@ -24,6 +24,13 @@ class Select(Operator):
     def __init__(self, predicate: Expr) -> None:
         self.predicate = predicate
         self._test = _compile(predicate)
+        self.columns = columns(predicate)
+        """The row positions the predicate reads."""
+
+    @property
+    def test(self) -> Eval:
+        """The predicate as a function of a row: True, False or None (SQL's unknown)."""
+        return self._test
 
     def step(self, delta: ZSet) -> ZSet:
         # holds() inlined: `test(row) is True`; a filtered consolidated dict stays consolidated
