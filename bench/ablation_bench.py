@@ -13,7 +13,10 @@ that differ only in one :class:`sketches.ivm.plan.Options` field:
   delta evaluated and summed in PostgreSQL vs fetched row by row with partner lookups);
 * (b) ``pushdown`` on/off — where-10% (``WHERE r.c < q10`` under GROUP BY a HAVING);
 * (c) ``minmax_buffer`` 64 vs None (all values) — aggs-3 (``max(d)``); ``topk_buffer``
-  default (max(2k, k + 64)) vs 16 — topk-rows; buffer refills counted.
+  default (max(2k, k + 64)) vs 16 — topk-rows, and vs every group — topk-groups; buffer
+  refills counted;
+* ``fuse_having`` on/off — groups-1K and aggs-10 (aggregate, HAVING and merge as one step
+  vs one operator after another).
 
 Both states are built in one snapshot, then per delta size and repetition one mixed delta is
 committed and both pipelines maintain it in one REPEATABLE READ snapshot on one warm
@@ -86,6 +89,9 @@ class Ablation:
     off_label: str
 
 
+ALL_GROUPS = 10**9
+"""A top-k buffer no table here fills: the top-k over groups keeps every group."""
+
 ABLATIONS: tuple[Ablation, ...] = (
     # a join's pre-aggregated delta needs no partner lookups, so the filter is measured on the
     # per-row path on both sides (the filter keeps pre-aggregation off by itself)
@@ -100,6 +106,10 @@ ABLATIONS: tuple[Ablation, ...] = (
              "64", "all values"),
     Ablation("topk_buffer", "topk-rows", Options(topk_buffer=None), Options(topk_buffer=16),
              "default (74)", "16"),
+    Ablation("topk_buffer", "topk-groups", Options(topk_buffer=None),
+             Options(topk_buffer=ALL_GROUPS), "default (74)", "all groups"),
+    *(Ablation("fuse_having", s, Options(fuse_having=True), Options(fuse_having=False),
+               "fused", "operators") for s in ("groups-1K", "aggs-10")),
 )
 
 
@@ -173,7 +183,7 @@ class Counted:
     def __init__(self, prep: Prepared, options: Options) -> None:
         self.pipe: Pipeline = compile(prep.analysis, prep.targets, None, options)
         self.refills = 0
-        for name in ("_refill_values", "_refill_top"):
+        for name in ("_refill_values", "_refill_top", "_refill_top_groups"):
             setattr(self.pipe, name, self._counting(getattr(self.pipe, name)))
 
     def _counting(self, refill: Callable[..., Any]) -> Callable[..., Any]:

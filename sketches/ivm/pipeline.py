@@ -39,7 +39,7 @@ from sketches.ivm.ops.join import Join, Key
 from sketches.ivm.ops.merge import Merge, SketchDelta
 from sketches.ivm.ops.project import Project
 from sketches.ivm.ops.scan import Scan
-from sketches.ivm.ops.topk import TopK
+from sketches.ivm.ops.topk import TopK, best_with_ties
 from sketches.ivm.plan import PlanSpec, TableSpec
 from sketches.ivm.zset import Ann, Entry, Row, ZSet
 
@@ -142,7 +142,9 @@ class Pipeline:
             if spec.k is not None:
                 width = len(spec.group_by) + len(spec.aggs)
                 self.order_project = Project([*range(width), *spec.order_exprs])
-                self.topk = TopK(spec.order, spec.k)
+                self.topk = (TopK(spec.order, spec.k) if spec.scalar else
+                             TopK(spec.order, spec.k, buffer_limit=self._topk_limit(),
+                                  refill=self._refill_top_groups))
         elif spec.kind == "distinct":
             self.distinct_project = Project(spec.distinct_cols)
             self.distinct = Distinct(len(spec.distinct_cols), s)
@@ -150,8 +152,8 @@ class Pipeline:
                 self.topk = TopK(spec.order, spec.k)
         elif spec.kind == "topk":
             assert spec.k is not None
-            limit = opts.topk_buffer or max(2 * spec.k, spec.k + 64)
-            self.topk = TopK(spec.order, spec.k, buffer_limit=limit, refill=self._refill_top)
+            self.topk = TopK(spec.order, spec.k, buffer_limit=self._topk_limit(),
+                             refill=self._refill_top)
         self.merge = Merge(s)
         self.filters = [(None, None) for _ in spec.joins]
 
@@ -431,6 +433,23 @@ class Pipeline:
     def _refill_top(self) -> tuple[list[Entry], bool]:
         return self._top_rows()
 
+    def _topk_limit(self) -> int:
+        k = self.spec.k
+        assert k is not None
+        return self.spec.options.topk_buffer or max(2 * k, k + 64)
+
+    def _refill_top_groups(self) -> tuple[list[Entry], bool]:
+        """Exact refill of a top-k over groups: its whole current input rebuilt from the
+        aggregate's state (already at this batch), no query; O(groups), and needed only when
+        a batch drops most of the buffered groups below the bound."""
+        top, agg, project = self.topk, self.aggregate, self.order_project
+        assert top is not None and top.buffer_limit is not None
+        assert agg is not None and project is not None
+        out = agg.current_output()
+        if self.having is not None:
+            out = self.having.step(out)
+        return best_with_ties(project.step(out), top.order, top.buffer_limit)
+
     def _above_aggregate(self, out: ZSet) -> ZSet:
         if self.having is not None:
             out = self.having.step(out)
@@ -558,7 +577,7 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = len(changes)
-        if self.topk is None:
+        if self.topk is None and self.spec.options.fuse_having:
             having = None if self.having is None else (self.having.test, self.having.columns)
             return self._advance(conn, current, lambda: self.merge.apply(
                 agg.step_sketch(changes, values, having)))

@@ -49,7 +49,8 @@ class SketchTarget:
 @dataclass(frozen=True, slots=True)
 class Options:
     """``minmax_buffer``: distinct values kept per group for min/max (None: all);
-    ``topk_buffer``: tuples kept by a top-k over base rows (None: ``max(2k, k + 64)``);
+    ``topk_buffer``: tuples kept by a top-k over base rows or groups (None:
+    ``max(2k, k + 64)``; refilled exactly, by a query or from the aggregate's state);
     ``join_filter``: key membership filters skip partner lookups that cannot match
     (:mod:`sketches.ivm.keyfilter`; single-column join keys). Off by default: building it
     (``SELECT DISTINCT key`` per side) more than doubled build_state for a 100k ⋈ 1M join
@@ -68,13 +69,19 @@ class Options:
     inclusion–exclusion over the changed tables), so Python works per touched group and
     value instead of per audit row and does no partner lookups.
     Joins keep the row path under ``join_filter`` (the filter needs the delta rows' keys).
-    Like ``pushdown`` it only changes how deltas travel (left out of the fingerprint)."""
+    Like ``pushdown`` it only changes how deltas travel (left out of the fingerprint).
+
+    ``fuse_having``: with a pre-aggregated delta and no top-k, the aggregate, HAVING and the
+    merge run as one step (``Aggregate.step_sketch``) that computes no old output rows and
+    only the aggregates HAVING reads. Off, the operators run one after another, as on the
+    row path. Same state either way (left out of the fingerprint)."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
     join_filter: bool = False
     pushdown: bool = field(default=True, repr=False)
     preaggregate: bool = field(default=True, repr=False)
+    fuse_having: bool = field(default=True, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any
 
 from sortedcontainers import SortedDict
@@ -124,6 +125,24 @@ def _desc(v: Any) -> object:
     if t is Decimal:
         return v.copy_negate()
     return _Desc(v)
+
+
+def best_with_ties(z: ZSet, order: Sequence[OrderItem],
+                   limit: int) -> tuple[list[Entry], bool]:
+    """The first ``limit`` tuples of ``z`` (by multiplicity) in O-order plus every tuple tied
+    with the last of them, and whether that is all of ``z``: a :meth:`TopK.load` of exact
+    data computed in memory."""
+    key = order_key_function(order)
+    ranked = sorted(((key(r), (r, a, w)) for r, a, w in z), key=itemgetter(0))
+    out: list[Entry] = []
+    taken, last = 0, None
+    for okey, entry in ranked:
+        if taken >= limit and okey != last:
+            break
+        out.append(entry)
+        taken += entry[2]
+        last = okey
+    return out, len(out) == len(ranked)
 
 
 def top_with_ties(entries: Iterable[tuple[object, dict[tuple[Row, Ann], int]]],

@@ -93,6 +93,13 @@ TOPK_GROUPS = Case(
     " ON x.g IS NOT DISTINCT FROM h.g",
     Options())
 
+TOPK_GROUPS_TIES = Case(
+    "SELECT t.g, count(*) FROM s1 t GROUP BY t.g ORDER BY count(*) DESC LIMIT 2",
+    (SketchTarget(0, "g", G_PART),),
+    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t GROUP BY t.g"
+    " ORDER BY count(*) DESC FETCH FIRST 2 ROWS WITH TIES) h ON x.g IS NOT DISTINCT FROM h.g",
+    Options(topk_buffer=2))
+
 JOIN = Case(
     "SELECT r.g, count(*), sum(s.b), min(s.b) FROM r JOIN s ON s.rid = r.id GROUP BY r.g"
     " HAVING sum(s.b) > 5 OR min(s.b) < 0",
@@ -345,9 +352,10 @@ def run_sequence(dsn: str, case: Case, data: st.DataObject, ops: st.SearchStrate
 
 
 @pytest.mark.parametrize("case", [HAVING, with_options(HAVING, preaggregate=False), TOPK_ROWS,
-                                  TOPK_GROUPS, DISTINCT, SCALAR],
-                         ids=["having", "having-per-row", "topk_rows", "topk_groups", "distinct",
-                              "scalar"])
+                                  TOPK_GROUPS, with_options(TOPK_GROUPS, topk_buffer=2),
+                                  TOPK_GROUPS_TIES, DISTINCT, SCALAR],
+                         ids=["having", "having-per-row", "topk_rows", "topk_groups",
+                              "topk_groups-buffer2", "topk_groups-ties", "distinct", "scalar"])
 @SETTINGS
 @given(data=st.data())
 def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> None:
