@@ -84,7 +84,6 @@ class Scale:
     tpch_sf: float = 0.0  # 0 = no TPC-H data
     #: query templates of the mix (bench.workload.QUERY_WEIGHTS); tpch-topk needs TPC-H data
     templates: tuple[str, ...] = ("having", "join", "topk")
-    fragments: int = 100  # sketch fragments the proxy is asked for (when it takes the setting)
 
     #: explicit main-matrix cells instead of ratios × deltas (keeps the small scale short)
     cells: tuple[Combo, ...] = ()

@@ -215,13 +215,7 @@ class Aggregate(Operator):
                     reann.add(key)
             for acc, part in zip(st.accs, partials, strict=True):
                 acc.absorb(part)
-        for key, i, value, weight in values:
-            st = groups.get(key)
-            if st is None or key not in old:
-                raise InconsistentDelta(f"value change of group {key!r} without its rows")
-            st.accs[i].add(value, weight)
-        if self._buffered:
-            self._settle_buffers(old)
+        self._apply_values(values, old)
         return self._emit(old, reann)
 
     def step_sketch(self, rows: Iterable[Partial], values: Iterable[ValueChange],
@@ -258,14 +252,20 @@ class Aggregate(Operator):
                     net[slot, f] = net.get((slot, f), 0) + (1 if f in counter else -1)
             for acc, part in zip(st.accs, partials, strict=True):
                 acc.absorb(part)
+        self._apply_values(values, before)
+        return self._passing_changes(before, flips, passes)
+
+    def _apply_values(self, values: Iterable[ValueChange], touched: dict[Row, Any]) -> None:
+        """The min/max value changes of a pre-aggregated delta (groups ``touched`` by its
+        rows), then the buffers settled (refilled where they ran dry)."""
+        groups = self.groups
         for key, i, value, weight in values:
             st = groups.get(key)
-            if st is None or key not in before:
+            if st is None or key not in touched:
                 raise InconsistentDelta(f"value change of group {key!r} without its rows")
             st.accs[i].add(value, weight)
         if self._buffered:
-            self._settle_buffers(before)
-        return self._passing_changes(before, flips, passes)
+            self._settle_buffers(touched)
 
     def _pass_test(self, having: HavingTest | None) -> Callable[[Row, GroupState], bool]:
         """``(key, state) -> bool``: the group has an output row and it passes ``having``;
