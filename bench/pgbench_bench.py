@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import platform
 import pwd
@@ -29,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.machine import machine_facts
 from imp_proxy.embedded import LocalPostgres, free_port
@@ -41,6 +43,12 @@ PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 TRANSPORTS = {"tcp": ("tcp",), "unix": ("unix",), "both": ("tcp", "unix")}
 """Upstream transports of the relays; clients (pgbench) always connect over TCP."""
+
+
+class Target(NamedTuple):
+    port: int
+    relay_pid: int | None
+    """The process relaying to PostgreSQL (None: pgbench talks to PostgreSQL directly)."""
 
 
 class BenchError(RuntimeError):
@@ -56,6 +64,9 @@ class Result:
     p50_ms: float
     p99_ms: float
     transactions: int
+    relay_user_us: float = math.nan
+    """CPU the relay process (PgBouncer, proxy) spent per transaction, user and kernel."""
+    relay_sys_us: float = math.nan
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
@@ -83,7 +94,7 @@ def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> 
 
 
 @contextlib.contextmanager
-def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[int]:
+def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[Target]:
     """PgBouncer in session pooling mode in front of ``pg`` (over its Unix socket when
     ``unix``, else TCP); yields its port."""
     d = workdir / f"pgbouncer-{'unix' if unix else 'tcp'}"
@@ -117,13 +128,14 @@ def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[
         raise
     log.info("pgbouncer pid %d on port %d", pid, port)
     try:
-        yield port
+        yield Target(port, pid)
     finally:
         _stop(pid, proc)
 
 
 @contextlib.contextmanager
-def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str, unix: bool = False) -> Iterator[int]:
+def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str,
+              unix: bool = False) -> Iterator[Target]:
     """``python -m imp_proxy serve`` in front of ``pg`` (over its Unix socket when ``unix``,
     else TCP); yields its port."""
     upstream = pg.socket_dsn() if unix else pg.dsn()
@@ -141,7 +153,7 @@ def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str, unix: bool = False)
         _stop(proc.pid, proc, signal.SIGKILL)
         raise BenchError(logfile.read_text(errors="replace")) from None
     try:
-        yield port
+        yield Target(port, proc.pid)
     finally:
         _stop(proc.pid, proc, signal.SIGTERM)
 
@@ -174,9 +186,26 @@ def _revision() -> str:
     return f"{str(facts['git_commit'])[:12]}{' (dirty)' if facts['git_dirty'] else ''}"
 
 
+def _cpu_seconds(pid: int | None) -> tuple[float, float]:
+    """User and kernel CPU seconds of process ``pid`` so far, all threads (/proc; 0, 0 for
+    None)."""
+    if pid is None:
+        return 0.0, 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def _transport(target: str) -> str:
     """The upstream transport in a target's name (``"pgbouncer (unix)"`` → ``"unix"``)."""
     return target.rpartition("(")[2].rstrip(")")
+
+
+def _cpu_cell(r: Result) -> str:
+    if math.isnan(r.relay_user_us):
+        return "–"
+    return (f"{r.relay_user_us + r.relay_sys_us:.1f} ({r.relay_user_us:.1f} + "
+            f"{r.relay_sys_us:.1f})")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -185,7 +214,7 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def measure(targets: dict[str, int], duration: int, reps: int,
+def measure(targets: dict[str, Target], duration: int, reps: int,
             workdir: Path) -> list[Result]:
     """Every (protocol, clients) configuration on every target, interleaved target by target
     and repeated ``reps`` times; per target the run with the median TPS is kept. Interleaving
@@ -195,10 +224,15 @@ def measure(targets: dict[str, int], duration: int, reps: int,
         for clients in (1, 8):
             runs: dict[str, list[Result]] = {t: [] for t in targets}
             for rep in range(reps):
-                for target, port in targets.items():
+                for target, (port, pid) in targets.items():
+                    before = _cpu_seconds(pid)
                     tps, lat = run_pgbench(port, mode, clients, duration, workdir)
+                    user, sys_ = (b - a for a, b in zip(before, _cpu_seconds(pid), strict=True))
+                    n = max(len(lat), 1)
+                    cpu = ((user / n * 1e6, sys_ / n * 1e6) if pid is not None
+                           else (math.nan, math.nan))
                     r = Result(target, mode, clients, tps, percentile(lat, 50),
-                               percentile(lat, 99), len(lat))
+                               percentile(lat, 99), len(lat), *cpu)
                     log.info("rep %d %-24s %-8s c=%d tps=%9.0f p50=%.3fms p99=%.3fms", rep,
                              target, mode, clients, tps, r.p50_ms, r.p99_ms)
                     runs[target].append(r)
@@ -228,15 +262,15 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int, re
         f"(load average {load[0][0]:.1f} before, {load[1][0]:.1f} after).",
         "",
         "| target | protocol | clients | TPS | ratio vs direct | p50 ms | p99 ms "
-        "| added p50 ms | added p99 ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| added p50 ms | added p99 ms | relay CPU µs/txn (user + kernel) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         d = direct[(r.mode, r.clients)]
         lines.append(
             f"| {r.target} | {r.mode} | {r.clients} | {r.tps:,.0f} | {r.tps / d.tps:.2f} "
             f"| {r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.p50_ms - d.p50_ms:+.3f} "
-            f"| {r.p99_ms - d.p99_ms:+.3f} |")
+            f"| {r.p99_ms - d.p99_ms:+.3f} | {_cpu_cell(r)} |")
     bouncer = {(_transport(r.target), r.mode, r.clients): r
                for r in results if r.target.startswith("pgbouncer")}
     if bouncer:
@@ -289,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["pgbench", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
                             "-i", "-q", "-s", str(args.scale), "postgres"], check=True,
                            capture_output=True)
-            targets = {"direct": pg.port}
+            targets = {"direct": Target(pg.port, None)}
             for transport in TRANSPORTS[args.upstream]:
                 unix = transport == "unix"
                 if not args.skip_pgbouncer:
