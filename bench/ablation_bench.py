@@ -53,7 +53,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from bench.machine import machine_facts
+from bench.machine import machine_facts, revision
 from bench.maintenance_bench import (
     RESULTS,
     Prepared,
@@ -308,8 +308,7 @@ def _header(facts: dict[str, Any], scale_name: str, scale: Scale, setup_s: float
     load = " / ".join(f"{x:.2f}" for x in facts["loadavg_at_start"])
     return [f"# Ablation benchmark: maintenance optimisations on vs off ({scale_name} scale)",
             "", "```", facts["command"], "```", "",
-            f"* {facts['timestamp_utc']}; git {facts['git_commit'][:12]}"
-            f"{' (dirty)' if facts['git_dirty'] else ''} on {facts['git_branch']}",
+            f"* {facts['timestamp_utc']}; git {revision(facts)} on {facts['git_branch']}",
             f"* machine: nproc {facts['nproc']}, {facts['cpu_model']}, "
             f"{facts['memory_bytes'] / 2**30:.1f} GiB RAM (shared); load average at start "
             f"{load}, at end {' / '.join(f'{x:.2f}' for x in os.getloadavg())}",

@@ -47,6 +47,11 @@ def command_line() -> str:
     return shlex.join(argv)
 
 
+def revision(facts: dict[str, Any]) -> str:
+    """``facts``' git commit, short, marked ``(dirty)`` when tracked files had changes."""
+    return f"{str(facts['git_commit'])[:12]}{' (dirty)' if facts.get('git_dirty') else ''}"
+
+
 def machine_facts(pg_version: str = "") -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {

@@ -48,7 +48,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from bench.machine import machine_facts
+from bench.machine import machine_facts, revision
 from bench.maintenance_data import (
     DeltaSource,
     Groups,
@@ -365,8 +365,7 @@ def report(results: list[ShapeResult], facts: dict[str, Any], scale_name: str, s
     errors = [(r.shape.name, r.error) for r in results if r.error]
     lines = [f"# Maintenance benchmark: IMP vs full maintenance ({scale_name} scale)", "",
              "```", facts["command"], "```", "",
-             f"* {facts['timestamp_utc']}; git {facts['git_commit'][:12]}"
-             f"{' (dirty)' if facts['git_dirty'] else ''} on {facts['git_branch']}",
+             f"* {facts['timestamp_utc']}; git {revision(facts)} on {facts['git_branch']}",
              f"* machine: nproc {facts['nproc']}, {facts['cpu_model']}, "
              f"{facts['memory_bytes'] / 2**30:.1f} GiB RAM; load average at start "
              f"{' / '.join(f'{x:.2f}' for x in facts['loadavg_at_start'])}, at end "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.machine import machine_facts
+from bench.machine import machine_facts, revision
 from imp_proxy.embedded import LocalPostgres, free_port
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> 
 @contextlib.contextmanager
 def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[Target]:
     """PgBouncer in session pooling mode in front of ``pg`` (over its Unix socket when
-    ``unix``, else TCP); yields its port."""
+    ``unix``, else TCP); yields its port and PID."""
     d = workdir / f"pgbouncer-{'unix' if unix else 'tcp'}"
     d.mkdir()
     port = free_port()
@@ -137,7 +137,7 @@ def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[
 def imp_proxy(pg: LocalPostgres, workdir: Path, *extra: str,
               unix: bool = False) -> Iterator[Target]:
     """``python -m imp_proxy serve`` in front of ``pg`` (over its Unix socket when ``unix``,
-    else TCP); yields its port."""
+    else TCP); yields its port and PID."""
     upstream = pg.socket_dsn() if unix else pg.dsn()
     port = free_port()
     logfile = workdir / f"imp-proxy-{port}.log"
@@ -181,16 +181,8 @@ def run_pgbench(port: int, mode: str, clients: int, duration: int,
     return float(m.group(1)), latencies
 
 
-def _revision() -> str:
-    facts = machine_facts()
-    return f"{str(facts['git_commit'])[:12]}{' (dirty)' if facts['git_dirty'] else ''}"
-
-
-def _cpu_seconds(pid: int | None) -> tuple[float, float]:
-    """User and kernel CPU seconds of process ``pid`` so far, all threads (/proc; 0, 0 for
-    None)."""
-    if pid is None:
-        return 0.0, 0.0
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and kernel CPU seconds of process ``pid`` so far, all threads (/proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
@@ -225,12 +217,12 @@ def measure(targets: dict[str, Target], duration: int, reps: int,
             runs: dict[str, list[Result]] = {t: [] for t in targets}
             for rep in range(reps):
                 for target, (port, pid) in targets.items():
-                    before = _cpu_seconds(pid)
+                    before = _cpu_seconds(pid) if pid is not None else None
                     tps, lat = run_pgbench(port, mode, clients, duration, workdir)
-                    user, sys_ = (b - a for a, b in zip(before, _cpu_seconds(pid), strict=True))
-                    n = max(len(lat), 1)
-                    cpu = ((user / n * 1e6, sys_ / n * 1e6) if pid is not None
-                           else (math.nan, math.nan))
+                    cpu = (math.nan, math.nan)
+                    if pid is not None and before is not None:
+                        (user, sys_), n = _cpu_seconds(pid), max(len(lat), 1)
+                        cpu = ((user - before[0]) / n * 1e6, (sys_ - before[1]) / n * 1e6)
                     r = Result(target, mode, clients, tps, percentile(lat, 50),
                                percentile(lat, 99), len(lat), *cpu)
                     log.info("rep %d %-24s %-8s c=%d tps=%9.0f p50=%.3fms p99=%.3fms", rep,
@@ -249,7 +241,7 @@ def report(results: list[Result], argv: list[str], scale: int, duration: int, re
     lines = [
         "# pgbench -S: direct vs PgBouncer vs IMP proxy",
         "",
-        f"Command: `{' '.join(argv)}` at git {_revision()}  ",
+        f"Command: `{' '.join(argv)}` at git {revision(machine_facts())}  ",
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; PostgreSQL 15 (throwaway cluster, fsync off), "
         f"pgbench scale {scale}, {duration} s per run, {reps} interleaved runs per "

@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.machine import revision
 from bench.runner import BenchResult
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,7 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         f"{' (PARTIAL: still running or interrupted)' if doc.get('partial') else ''}",
         "",
         *[_command_line(x, len(sources) > 1) for x in sources],
-        f"Machine: {m['timestamp_utc']} · git {m['git_commit'][:12]}"
-        f"{' (dirty)' if m.get('git_dirty') else ''} · PostgreSQL {m['postgresql']} · "
+        f"Machine: {m['timestamp_utc']} · git {revision(m)} · PostgreSQL {m['postgresql']} · "
         f"{m['nproc']} CPUs ({m['cpu_model']}) · {m['memory_bytes'] / 2**30:.1f} GiB RAM · "
         f"load at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
         "",

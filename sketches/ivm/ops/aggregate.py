@@ -466,10 +466,11 @@ def _key_function(cols: tuple[int, ...]) -> Callable[[Row], Row]:
 
 
 Partial = tuple[Row, Sequence[tuple[int, int]], int, Sequence[object]]
-HavingTest = tuple[Callable[[Row], object], frozenset[int]]
-"""HAVING as a function of an output row (True, False or None) and the positions it reads."""
 """A pre-aggregated delta row: group key, ``(slot, fragment)`` pairs, row-count change, one
 partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
+
+HavingTest = tuple[Callable[[Row], object], frozenset[int]]
+"""HAVING as a function of an output row (True, False or None) and the positions it reads."""
 
 ValueChange = tuple[Row, int, object, int]
 """Group key, index of a min/max aggregate, a value, its net multiplicity change."""
