@@ -14,8 +14,8 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,19 @@ class Template:
     seen: int = 0
     loaded: bool = False
     entries: list[Entry] = field(default_factory=list)
+    runs: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
+    """Executions per parameter values (the most recent ``_RUNS_KEPT`` values)."""
+
+    def note_values(self, values: Hashable) -> int:
+        """Counts one execution of ``values``; returns how many there were so far."""
+        n = self.runs.pop(values, 0) + 1
+        self.runs[values] = n
+        if len(self.runs) > _RUNS_KEPT:
+            self.runs.popitem(last=False)
+        return n
+
+
+_RUNS_KEPT = 256
 
 
 def capture_targets(sketch: Sketch) -> list[CaptureTarget]:

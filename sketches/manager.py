@@ -76,11 +76,19 @@ class SketchSettings:
     ``state_interval`` (s): how often the background thread persists states and collects
     audit rows; ``verify_state``: check a freshly built state's sketch against a capture in
     the same snapshot (one extra capture per state build; a mismatch means an engine bug and
-    the sketch keeps recapture)."""
+    the sketch keeps recapture); ``own_sketch_after``: on the N-th execution of the same
+    parameter values (thresholds, LIMIT) served only by a sketch of a looser instance of the
+    template, capture a sketch of their own (0: always reuse the looser sketch), while the
+    template has fewer than ``max_sketches_per_template`` sketches and the looser sketch
+    selects more than ``own_sketch_min_coverage`` of a table's fragments (below, the rows a
+    tighter sketch would skip on top cost less than maintaining one more sketch)."""
 
     enabled: bool = True
     fragments: int = 1000
     capture_after: int = 1
+    own_sketch_after: int = 2
+    max_sketches_per_template: int = 8
+    own_sketch_min_coverage: float = 0.02
     max_coverage: float = 1.0
     classify_cache_size: int = 4096
     persist: bool = True
@@ -94,6 +102,10 @@ class SketchSettings:
         incremental.check_strategy(self.strategy)
         if self.batch_size < 1 or self.batch_interval <= 0 or self.state_interval <= 0:
             raise ValueError("batch_size must be >= 1, batch_interval and state_interval > 0")
+        if self.own_sketch_after < 0 or self.max_sketches_per_template < 1 \
+                or not 0 <= self.own_sketch_min_coverage <= 1:
+            raise ValueError("own_sketch_after must be >= 0, max_sketches_per_template >= 1, "
+                             "own_sketch_min_coverage in [0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,13 +254,13 @@ class SketchManager(IncrementalMaintenance):
                 self._load(conn, template, tmpl, analysis)
         inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
-        for entry in list(tmpl.entries):
-            if not self._reusable(entry, inst):
-                continue
-            same = (entry.instance.thresholds, entry.instance.limit) == \
-                (inst.thresholds, inst.limit)
-            if not same and not self._useful(entry.sketch):
-                continue  # a broad sketch of a looser query: a fresh capture may skip more
+        runs = tmpl.note_values(_values(inst))
+        for entry in self._candidates(tmpl, inst):
+            if not _same_values(entry.instance, inst):
+                if not self._useful(entry.sketch):
+                    continue  # a broad sketch of a looser query: a fresh capture may skip more
+                if self._wants_own(tmpl, entry, runs):
+                    break
             refreshed = self._refresh(conn, entry, request, snapshot)
             if isinstance(refreshed, str):
                 return self._passthrough(refreshed)
@@ -310,6 +322,22 @@ class SketchManager(IncrementalMaintenance):
             while len(self._instances) > self.settings.classify_cache_size:
                 self._instances.popitem(last=False)
         return inst
+
+    def _candidates(self, tmpl: _Template, inst: TemplateInstance) -> list[_Entry]:
+        """The template's sketches that may serve ``inst``, best first: one captured for the
+        same values, then the others by the fraction of fragments they select (the fewer,
+        the less the instrumented query reads). Why not the newest: a looser instance's
+        sketch, captured later, would otherwise serve every stricter one."""
+        usable = [e for e in tmpl.entries if self._reusable(e, inst)]
+        return sorted(usable, key=lambda e: (not _same_values(e.instance, inst),
+                                             sum(p.coverage for p in e.sketch.parts)))
+
+    def _wants_own(self, tmpl: _Template, looser: _Entry, runs: int) -> bool:
+        """Capture a sketch for values run ``runs`` times rather than reuse ``looser``?"""
+        s = self.settings
+        return (0 < s.own_sketch_after <= runs
+                and len(tmpl.entries) < s.max_sketches_per_template
+                and max(p.coverage for p in looser.sketch.parts) > s.own_sketch_min_coverage)
 
     @staticmethod
     def _reusable(entry: _Entry, inst: TemplateInstance) -> bool:
@@ -660,3 +688,12 @@ class SketchManager(IncrementalMaintenance):
             if incremental.installed(conn):
                 conn.execute("DELETE FROM imp.ivm_state")
         return count
+
+
+def _values(inst: TemplateInstance) -> tuple[object, ...]:
+    """The values that tell instances of one template apart."""
+    return (inst.thresholds, inst.limit)
+
+
+def _same_values(a: TemplateInstance, b: TemplateInstance) -> bool:
+    return _values(a) == _values(b)

@@ -58,7 +58,9 @@ def rows(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None) -> C
 
 
 def test_capture_then_use_then_recapture_after_a_write(svc: psycopg.Connection[Any]) -> None:
-    m = SketchManager(SketchSettings(fragments=100, strategy="recapture"))
+    # own_sketch_after=0: the second run of [300] must refresh (and invalidate) the sketches
+    # it reuses, not capture one of its own
+    m = SketchManager(SketchSettings(fragments=100, strategy="recapture", own_sketch_after=0))
     first = prepare(m, svc, HAVING, [120])
     assert first.decision == "capture" and first.instrumented_sql is not None
     assert rows(svc, first.instrumented_sql, [120]) == rows(svc, HAVING, [120])
@@ -117,6 +119,54 @@ def test_capture_after_n_executions_and_disabled(svc: psycopg.Connection[Any]) -
     assert decisions == ["passthrough", "passthrough", "capture", "use"]
     off = SketchManager(SketchSettings(enabled=False))
     assert prepare(off, svc, HAVING, [300]).decision == "passthrough"
+
+
+SUMS = "SELECT g, sum(v) AS s FROM mt GROUP BY g HAVING sum(v) > $1"
+
+
+def _sum_quantiles(svc: psycopg.Connection[Any], *qs: float) -> list[int]:
+    row = svc.execute("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY s)"
+                      " FROM (SELECT sum(v) AS s FROM mt GROUP BY g) AS t", (list(qs),)).fetchone()
+    assert row is not None
+    return [int(x) for x in row[0]]
+
+
+def _coverage(m: SketchManager, p: Prepared) -> float:
+    sketch = m.get(p.sketch_id or 0)
+    assert sketch is not None
+    return sum(part.coverage for part in sketch.parts)
+
+
+@pytest.mark.parametrize("own_after, cap, min_coverage",
+                         [(2, 8, 0.02), (0, 8, 0.02), (2, 2, 0.02), (2, 8, 0.95)])
+def test_values_use_the_tightest_sketch_and_get_their_own(
+        svc: psycopg.Connection[Any], own_after: int, cap: int, min_coverage: float) -> None:
+    """A looser instance's sketch, captured later, does not serve a stricter instance that has
+    its own; values seen ``own_sketch_after`` times get their own sketch (up to the cap, and
+    only instead of a sketch selecting more than ``own_sketch_min_coverage``)."""
+    strict, mid, loose = _sum_quantiles(svc, 0.98, 0.9, 0.7)
+    m = SketchManager(SketchSettings(fragments=100, persist=False, own_sketch_after=own_after,
+                                     max_sketches_per_template=cap,
+                                     own_sketch_min_coverage=min_coverage))
+    tight = prepare(m, svc, SUMS, [strict])
+    broad = prepare(m, svc, SUMS, [loose])
+    assert (tight.decision, broad.decision) == ("capture", "capture")
+    assert _coverage(m, tight) < _coverage(m, broad)
+    again = prepare(m, svc, SUMS, [strict])
+    assert (again.decision, again.sketch_id) == ("use", tight.sketch_id)
+    runs = [prepare(m, svc, SUMS, [mid]) for _ in range(3)]
+    for p in [again, *runs]:
+        assert p.instrumented_sql is not None
+        assert rows(svc, p.instrumented_sql, p is again and [strict] or [mid]) == \
+            rows(svc, SUMS, p is again and [strict] or [mid])
+    assert (runs[0].decision, runs[0].sketch_id) == ("use", broad.sketch_id)
+    assert 0.02 < _coverage(m, broad) < 0.95
+    if own_after and cap > 2 and min_coverage < 0.5:
+        assert [p.decision for p in runs[1:]] == ["capture", "use"]
+        assert runs[2].sketch_id == runs[1].sketch_id != broad.sketch_id
+        assert _coverage(m, runs[1]) < _coverage(m, broad)
+    else:
+        assert [(p.decision, p.sketch_id) for p in runs[1:]] == [("use", broad.sketch_id)] * 2
 
 
 def test_large_coverage_is_not_instrumented(svc: psycopg.Connection[Any]) -> None:
