@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 
@@ -141,7 +141,7 @@ def configure(conn: Conn, spec: SystemSpec) -> str:
 
 def execute(conn: Conn, text: str) -> psycopg.Cursor[tuple[Any, ...]]:
     """Runs pre-rendered SQL text without parameters (simple query protocol)."""
-    return conn.execute(cast(LiteralString, text))
+    return conn.execute(text)
 
 
 def show_sketches(conn: Conn) -> list[dict[str, Any]]:
