@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -64,3 +65,22 @@ def conn(db_dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to the module's database."""
     with psycopg.connect(db_dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture(autouse=True)
+def _close_sketch_managers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stops the background thread of every SketchManager a test creates: it would otherwise
+    outlive the test's database (and the session's PostgreSQL) and log failed rounds."""
+    from sketches.manager import SketchManager
+
+    created: list[SketchManager] = []
+    init = SketchManager.__init__
+
+    def tracked(self: SketchManager, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(SketchManager, "__init__", tracked)
+    yield
+    for m in created:
+        m.close()
