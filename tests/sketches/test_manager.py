@@ -240,3 +240,12 @@ def test_column_type_change_rebuilds_the_partition(data: str) -> None:
         assert p.decision == "capture" and p.instrumented_sql is not None
         assert "AS text" in p.instrumented_sql
         assert rows(c, p.instrumented_sql, None) == rows(c, q, None)
+
+
+@pytest.mark.parametrize("bad", [{"own_sketch_after": -1}, {"max_sketches_per_template": 0},
+                                 {"own_sketch_min_coverage": -0.1},
+                                 {"own_sketch_min_coverage": 1.5}])
+def test_sketch_choice_settings_are_validated(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="own_sketch_after"):
+        SketchSettings(**bad)
+    SketchSettings(own_sketch_after=0, max_sketches_per_template=1, own_sketch_min_coverage=1.0)
