@@ -70,12 +70,19 @@ def frag(p: RangePartition, alias: str) -> str:
     return p.fragment_sql(sql.Identifier(alias, p.column)).as_string(None)
 
 
+def groups_sketch(rest: str, where: str = "") -> str:
+    """The exact sketch of a query over s1's groups: the fragments of every s1 row (passing
+    ``where``) whose group is in ``SELECT t.g FROM s1 t <rest>``."""
+    tail = f" WHERE {where}" if where else ""
+    return (f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t {rest})"
+            f" h ON x.g IS NOT DISTINCT FROM h.g{tail}")
+
+
 HAVING = Case(
     "SELECT t.g, sum(t.v), max(t.w), avg(t.v) FROM s1 t GROUP BY t.g"
     " HAVING sum(t.v) > 14 OR max(t.w) >= 6 OR avg(t.v) = 2.5",
     (SketchTarget(0, "g", G_PART),),
-    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t GROUP BY t.g"
-    " HAVING sum(t.v) > 14 OR max(t.w) >= 6 OR avg(t.v) = 2.5) h ON x.g IS NOT DISTINCT FROM h.g",
+    groups_sketch("GROUP BY t.g HAVING sum(t.v) > 14 OR max(t.w) >= 6 OR avg(t.v) = 2.5"),
     Options(minmax_buffer=2))
 
 TOPK_ROWS = Case(
@@ -88,16 +95,14 @@ TOPK_ROWS = Case(
 TOPK_GROUPS = Case(
     "SELECT t.g, sum(t.v) FROM s1 t GROUP BY t.g ORDER BY sum(t.v) DESC NULLS LAST, t.g LIMIT 2",
     (SketchTarget(0, "g", G_PART),),
-    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t GROUP BY t.g"
-    " ORDER BY sum(t.v) DESC NULLS LAST, t.g FETCH FIRST 2 ROWS WITH TIES) h"
-    " ON x.g IS NOT DISTINCT FROM h.g",
+    groups_sketch("GROUP BY t.g ORDER BY sum(t.v) DESC NULLS LAST, t.g"
+                  " FETCH FIRST 2 ROWS WITH TIES"),
     Options())
 
 TOPK_GROUPS_TIES = Case(
     "SELECT t.g, count(*) FROM s1 t GROUP BY t.g ORDER BY count(*) DESC LIMIT 2",
     (SketchTarget(0, "g", G_PART),),
-    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t GROUP BY t.g"
-    " ORDER BY count(*) DESC FETCH FIRST 2 ROWS WITH TIES) h ON x.g IS NOT DISTINCT FROM h.g",
+    groups_sketch("GROUP BY t.g ORDER BY count(*) DESC FETCH FIRST 2 ROWS WITH TIES"),
     Options(topk_buffer=2))
 
 JOIN = Case(
@@ -142,9 +147,8 @@ WHERE_AGG = Case(
     f"SELECT t.g, count(*), min(t.w), max(t.v) FROM s1 t WHERE {WHERE_AGG_WHERE}"
     " GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0",
     (SketchTarget(0, "g", G_PART),),
-    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t"
-    f" WHERE {WHERE_AGG_WHERE} GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0) h"
-    " ON x.g IS NOT DISTINCT FROM h.g WHERE x.v < 4 AND x.w <> 2",
+    groups_sketch(f"WHERE {WHERE_AGG_WHERE} GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0",
+                  "x.v < 4 AND x.w <> 2"),
     Options(pushdown=False, minmax_buffer=None))
 
 WHERE_JOIN_WHERE = "s.b < 5 AND r.a > 2"
@@ -368,9 +372,8 @@ PREAGG = Case(
     f"SELECT t.g, count(*), count(t.w), sum(t.v), avg(t.w) FROM s1 t WHERE {PREAGG_WHERE}"
     " GROUP BY t.g HAVING sum(t.v) > 14 OR avg(t.w) = 2.5 OR count(t.w) < 2",
     (SketchTarget(0, "g", G_PART),),
-    f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x JOIN (SELECT t.g FROM s1 t"
-    f" WHERE {PREAGG_WHERE} GROUP BY t.g HAVING sum(t.v) > 14 OR avg(t.w) = 2.5"
-    " OR count(t.w) < 2) h ON x.g IS NOT DISTINCT FROM h.g WHERE x.v <> 3",
+    groups_sketch(f"WHERE {PREAGG_WHERE} GROUP BY t.g HAVING sum(t.v) > 14 OR avg(t.w) = 2.5"
+                  " OR count(t.w) < 2", "x.v <> 3"),
     Options())
 
 
