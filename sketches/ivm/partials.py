@@ -112,12 +112,19 @@ def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable
 
 
 def _has_delta(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composable:
-    """``EXISTS`` a delta row of ``t`` that passes its own WHERE."""
-    return sql.SQL("EXISTS (SELECT FROM {} AS {} WHERE {})").format(
-        deltas.escaped(conn, deltas.audit_source(info)),
-        deltas.escaped(conn, sql.Identifier(t.alias)),
+    """Is there a delta row of ``t`` that passes its own WHERE?
+
+    Not ``EXISTS``: for it the planner expects matching rows spread over the audit table and
+    scans it from the start, while the delta rows are the newest, at its end — a scan of the
+    whole table that grows until garbage collection. Newest first down the ``_xid`` index, the
+    first row read decides."""
+    alias = deltas.escaped(conn, sql.Identifier(t.alias))
+    return sql.SQL("coalesce((SELECT true FROM {} AS {} WHERE {} ORDER BY {} DESC LIMIT 1),"
+                   " false)").format(
+        deltas.escaped(conn, deltas.audit_source(info)), alias,
         sql.SQL(" AND ").join([deltas.param_delta_filter(conn, t.alias),
-                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]))
+                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]),
+        deltas.escaped(conn, sql.Identifier(t.alias, "_xid")))
 
 
 def touched_query(conn: Conn, spec: PlanSpec,
