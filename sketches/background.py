@@ -139,7 +139,7 @@ class Background(threading.Thread):
                     # VersionAhead cannot happen (this snapshot is newer); anything else
                     # leaves the sketch to the next query, which recaptures
                     log.info("eager maintenance of sketch %s failed: %s", entry.sketch.id, exc)
-                    entry.pipeline = None
+                    m.detach(entry)
                     return
                 m._note_maintenance(entry, time.perf_counter() - started)
                 entry.last_maintained = time.monotonic()

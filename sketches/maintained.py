@@ -26,7 +26,7 @@ from sketches.backends.base import BackendError
 from sketches.capture import CaptureTarget
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
-from sketches.ivm.pipeline import Pipeline
+from sketches.ivm.pipeline import Head, Pipeline
 from sketches.ivm.plan import SketchTarget
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
 from sketches.sketch import Sketch
@@ -62,6 +62,8 @@ class Entry:
     strategy: str | None = None
     """Per-sketch strategy (None: ``SketchSettings.strategy``)."""
     pipeline: Pipeline | None = None
+    head: Head | None = None
+    """The sketch's head when ``pipeline`` is another sketch's, shared (None: its own)."""
     ivm_off: str | None = None
     """Why the sketch is not maintained incrementally (then: recapture on change)."""
     dirty: bool = False
@@ -246,7 +248,7 @@ class IncrementalMaintenance:
         except (IvmError, deltas.NotTracked) as exc:
             log.info("sketch %s: recapture (%s: %s)", entry.sketch.id, type(exc).__name__, exc)
             self._count("ivm_failures")
-            entry.pipeline = None
+            self.detach(entry)
             if isinstance(exc, NotMaintainable):  # e.g. values the engine cannot order
                 entry.ivm_off = str(exc)
             return None
@@ -259,7 +261,7 @@ class IncrementalMaintenance:
         log.error("sketch %s: incremental engine failed, recapture from now on: %r",
                   entry.sketch.id, exc, exc_info=exc)
         self._count("engine_errors")
-        entry.pipeline = None
+        self.detach(entry)
         entry.ivm_off = f"engine error: {exc!r}"
 
     def _catch_up(self, conn: psycopg.Connection[Any], entry: Entry,
@@ -267,7 +269,12 @@ class IncrementalMaintenance:
         """If another manager (a second proxy on this database) persisted a newer state of
         this sketch, its garbage collection may have removed deltas ours still needs: continue
         from that state instead (it is visible here, so it is not newer than this snapshot's
-        view of the audit tables)."""
+        view of the audit tables). A pipeline shared by several sketches cannot take one
+        sketch's state: it breaks, and each of its sketches is captured anew.
+
+        Why checking this sketch's own row suffices for a shared pipeline: every sketch on it
+        persisted its row at a version the pipeline has reached, so the other manager's
+        garbage collection passes that version only after it replaced all of those rows."""
         sid = entry.sketch.id
         if not self.settings.persist or sid is None or sid <= 0 or pipeline.version is None:
             return
@@ -275,6 +282,10 @@ class IncrementalMaintenance:
         if stored is None or deltas.Snapshot.parse(stored).within(
                 deltas.Snapshot.parse(pipeline.version)):
             return
+        if pipeline.heads:
+            pipeline.broken = True
+            raise PipelineBroken(f"a newer persisted state of sketch {sid}: the state it "
+                                 "shares with other sketches is rebuilt")
         log.info("sketch %s: a newer persisted state (%s) replaces ours (%s)", sid, stored,
                  pipeline.version)
         if not ivm_state.load(conn, str(sid), pipeline):
@@ -291,7 +302,7 @@ class IncrementalMaintenance:
             self._count("maintenances")
         if pipeline.version != entry.sketch.version:
             entry.dirty = True
-            self._apply(entry, pipeline.sketch(), pipeline.version or "")
+            self._apply(entry, pipeline.sketch(entry.head), pipeline.version or "")
 
     def _apply(self, entry: Entry, frags: Sequence[frozenset[int]], version: str) -> None:
         """The entry's sketch with the pipeline's fragments at ``version``."""
@@ -312,9 +323,40 @@ class IncrementalMaintenance:
         if stored is not None and not deltas.Snapshot.parse(stored).within(
                 deltas.Snapshot.parse(pipeline.version)):
             return  # another manager's newer state stays (ours catches up on next use)
-        ivm_state.save(conn, str(sid), pipeline)
+        ivm_state.save(conn, str(sid), pipeline, entry.head)
         entry.dirty = False
         self._remember_own_xid(conn)
+
+    def detach(self, entry: Entry) -> None:
+        """The entry keeps no pipeline (a shared one stops maintaining its head)."""
+        if entry.head is not None and entry.pipeline is not None:
+            entry.pipeline.drop_head(entry.head)
+        entry.pipeline = None
+        entry.head = None
+
+    def _share(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
+               pipeline: Pipeline) -> tuple[frozenset[int], ...] | None:
+        """Gives ``entry`` (a capture, not yet stored) a head on the pipeline of a sketch of
+        its template that differs only in HAVING (``Pipeline.shares_with``), brought to this
+        snapshot: one aggregation maintained for both, and no build of a state. Returns the
+        head's sketch, None when no pipeline can be shared (then ``pipeline``, compiled for
+        the entry, gets its own state)."""
+        if not self.settings.share_state:
+            return None
+        for other in tmpl.entries:
+            shared = other.pipeline
+            if shared is None or not shared.shares_with(pipeline.spec) \
+                    or self.strategy_of(other) not in ("lazy", "eager"):
+                continue
+            if not isinstance(self._maintain(conn, other), Sketch):
+                continue
+            if other.pipeline is not shared or not shared.shares_with(pipeline.spec):
+                continue
+            entry.head = shared.add_head(pipeline.spec)
+            entry.pipeline = shared
+            self._count("shared_states")
+            return shared.sketch(entry.head)
+        return None
 
     def _queue_tracking(self, pipeline: Pipeline, session: incremental.SessionSettings) -> None:
         with self._lock:
@@ -358,7 +400,7 @@ class IncrementalMaintenance:
                 with tmpl.lock:
                     entry.strategy = value
                     if value == "recapture":
-                        entry.pipeline = None
+                        self.detach(entry)
                 if value == "eager":
                     self._ensure_background()
                 return True

@@ -75,13 +75,16 @@ class SketchSettings:
     (maintain once that many delta rows are pending, or that long after the last maintenance);
     ``state_interval`` (s): how often the background thread persists states and collects
     audit rows; ``verify_state``: check a freshly built state's sketch against a capture in
-    the same snapshot (one extra capture per state build; a mismatch means an engine bug and
-    the sketch keeps recapture); ``own_sketch_after``: on the N-th execution of the same
+    the same snapshot (one extra capture per state build, not for a shared state; a mismatch
+    means an engine bug and the sketch keeps recapture); ``own_sketch_after``: on the N-th execution of the same
     parameter values (thresholds, LIMIT) served only by a sketch of a looser instance of the
     template, capture a sketch of their own (0: always reuse the looser sketch), while the
     template has fewer than ``max_sketches_per_template`` sketches and the looser sketch
     selects more than ``own_sketch_min_coverage`` of a table's fragments (below, the rows a
-    tighter sketch would skip on top cost less than maintaining one more sketch)."""
+    tighter sketch would skip on top cost less than maintaining one more sketch);
+    ``share_state``: a new sketch of a template whose query differs from an incrementally
+    maintained sketch's only in HAVING shares that sketch's aggregate state (one maintenance
+    per delta for both, no state build at capture)."""
 
     enabled: bool = True
     fragments: int = 1000
@@ -97,6 +100,7 @@ class SketchSettings:
     batch_size: int = 1000
     batch_interval: float = 5.0
     state_interval: float = 10.0
+    share_state: bool = True
 
     def __post_init__(self) -> None:
         incremental.check_strategy(self.strategy)
@@ -418,7 +422,11 @@ class SketchManager(IncrementalMaintenance):
                 log.info("not maintained incrementally (%s): %s", exc, sql[:80])
         started = time.perf_counter()
         frags = None
-        if pipeline is not None and incremental.tracked(conn, pipeline):
+        if pipeline is not None:
+            frags = self._share(conn, self._template(template), entry, pipeline)
+            if frags is not None:
+                pipeline = entry.pipeline
+        if pipeline is not None and frags is None and incremental.tracked(conn, pipeline):
             try:
                 frags = pipeline.build_state(
                     conn, self._seed(conn, analysis, targets, params, pipeline))
@@ -428,7 +436,7 @@ class SketchManager(IncrementalMaintenance):
             except ENGINE_BUGS as exc:
                 self._engine_bug(entry, exc)
                 pipeline = None
-        if pipeline is not None and frags is not None:
+        if pipeline is not None and frags is not None and entry.head is None:
             frags = self._cross_check(conn, entry, sql, analysis, targets, params, frags)
             if frags is None:
                 pipeline = None
@@ -567,7 +575,7 @@ class SketchManager(IncrementalMaintenance):
 
     def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
         tmpl.entries.remove(entry)
-        entry.pipeline = None
+        self.detach(entry)
         if self.settings.persist and entry.sketch.id is not None and entry.sketch.id > 0:
             catalog.invalidate(conn, entry.sketch.id)
             if incremental.installed(conn):
@@ -668,6 +676,7 @@ class SketchManager(IncrementalMaintenance):
                 for e in list(t.entries):
                     if e.sketch.id == sketch_id:
                         t.entries.remove(e)
+                        self.detach(e)
                         found = True
         if self.settings.persist:
             self._ensure_catalog(conn)
@@ -680,6 +689,8 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             count = sum(len(t.entries) for t in self._templates.values())
             for t in self._templates.values():
+                for e in t.entries:
+                    self.detach(e)
                 t.entries.clear()
                 t.loaded = True
         if self.settings.persist:

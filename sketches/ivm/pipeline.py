@@ -13,6 +13,8 @@ never commits):
   steps the operators, advances the version. A query calls it in its own snapshot.
 * ``sketch()``: the current fragment sets (one per target, in target order).
 * ``snapshot()`` / ``restore()``: JSON-able state (see :mod:`sketches.ivm.state`).
+* ``add_head(spec)``: a further sketch over the same aggregation (a query that differs only in
+  its HAVING) maintained by the same steps: its own HAVING and merge, one aggregate state.
 
 Any exception inside ``maintain`` after the first operator stepped leaves the in-memory state
 half-updated: the pipeline marks itself broken and later calls raise :class:`PipelineBroken`.
@@ -20,8 +22,10 @@ half-updated: the pipeline marks itself broken and later calls raise :class:`Pip
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -32,7 +36,7 @@ from sketches.ivm import partials
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
 from sketches.ivm.keyfilter import KeyFilter
-from sketches.ivm.ops.aggregate import Aggregate
+from sketches.ivm.ops.aggregate import Aggregate, HavingTest
 from sketches.ivm.ops.distinct import Distinct
 from sketches.ivm.ops.having import Having
 from sketches.ivm.ops.join import Join, Key
@@ -50,6 +54,10 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 Conn = psycopg.Connection[Any]
+
+
+def _test(having: Having | None) -> HavingTest | None:
+    return None if having is None else (having.test, having.columns)
 
 
 def _raw(text: str) -> sql.Composable:
@@ -101,6 +109,16 @@ class _PgJoinBackend:
         if not keys:
             return ZSet()
         return self.pipeline.current([self.step + 1], [_in_list(js.right_sql, keys)])
+
+
+@dataclass(eq=False)
+class Head:
+    """A further sketch of a pipeline (:meth:`Pipeline.add_head`): the plan of its query, its
+    HAVING and its merge. Compared by identity."""
+
+    spec: PlanSpec
+    having: Having | None
+    merge: Merge
 
 
 class Pipeline:
@@ -155,6 +173,7 @@ class Pipeline:
             self.topk = TopK(spec.order, spec.k, buffer_limit=self._topk_limit(),
                              refill=self._refill_top)
         self.merge = Merge(s)
+        self.heads: list[Head] = []
         self.filters = [(None, None) for _ in spec.joins]
 
     # ---- SQL over the current snapshot --------------------------------------------------
@@ -225,6 +244,8 @@ class Pipeline:
         ``seed``: the aggregate operator's state already built elsewhere in this very snapshot
         (the Spark backend, ``RoutedBackend.spark_state``); it replaces the pushed-down
         partial-aggregate queries. A seed of another snapshot or shape is ignored (logged)."""
+        if self.heads:
+            raise PipelineBroken("a state shared by several sketches is not rebuilt")
         version = deltas.require_snapshot(conn)
         infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
         seed = self._usable_seed(seed, version)
@@ -577,12 +598,49 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = len(changes)
+        heads = self.heads
         if self.topk is None and self.spec.options.fuse_having:
-            having = None if self.having is None else (self.having.test, self.having.columns)
-            return self._advance(conn, current, lambda: self.merge.apply(
-                agg.step_sketch(changes, values, having)))
-        return self._advance(conn, current, lambda: self.merge.step(
-            self._above_aggregate(agg.step_partials(changes, values))))
+            def fused() -> SketchDelta:
+                first, *rest = agg.step_sketch(changes, values, _test(self.having),
+                                               [_test(h.having) for h in heads])
+                for head, change in zip(heads, rest, strict=True):
+                    head.merge.apply(change)
+                return self.merge.apply(first)
+            return self._advance(conn, current, fused)
+
+        def unfused() -> SketchDelta:
+            out = agg.step_partials(changes, values)
+            for head in heads:
+                head.merge.step(out if head.having is None else head.having.step(out))
+            return self.merge.step(self._above_aggregate(out))
+        return self._advance(conn, current, unfused)
+
+    # ---- heads: sketches sharing this pipeline's aggregation ----------------------------
+    def shares_with(self, spec: PlanSpec) -> bool:
+        """Can ``spec``'s sketch be a head of this pipeline? When both are grouped aggregates
+        read pre-aggregated, without top-k, that differ in their HAVING only, and this
+        pipeline has a consistent state."""
+        return (self.version is not None and not self.broken and self.aggregate is not None
+                and self.topk is None and spec.k is None and self._preaggregated()
+                and dataclasses.replace(spec, having=None)
+                == dataclasses.replace(self.spec, having=None))
+
+    def add_head(self, spec: PlanSpec) -> Head:
+        """A new head for ``spec`` (:meth:`shares_with`), its merge built from the aggregate's
+        current state: the sketch of ``spec``'s query at this pipeline's version."""
+        if not self.shares_with(spec):
+            raise ValueError("the plan does not share this pipeline's aggregation")
+        agg = self.aggregate
+        assert agg is not None
+        head = Head(spec, Having(spec.having) if spec.having is not None else None,
+                    Merge(self.spec.slots))
+        out = agg.current_output()
+        head.merge.step(out if head.having is None else head.having.step(out))
+        self.heads = [*self.heads, head]  # a new list: a step in progress keeps its own
+        return head
+
+    def drop_head(self, head: Head) -> None:
+        self.heads = [h for h in self.heads if h is not head]
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""
@@ -616,27 +674,35 @@ class Pipeline:
                    for r in self.relids)
 
     # ---- results and persistence ---------------------------------------------------------
-    def sketch(self) -> tuple[frozenset[int], ...]:
-        return self.merge.sketch()
+    def sketch(self, head: Head | None = None) -> tuple[frozenset[int], ...]:
+        """The sketch of the pipeline's query, or of ``head``'s."""
+        return (self.merge if head is None else head.merge).sketch()
 
-    def _stateful(self) -> dict[str, Any]:
-        ops: dict[str, Any] = {"merge": self.merge}
+    def _stateful(self, head: Head | None = None) -> dict[str, Any]:
+        ops: dict[str, Any] = {"merge": self.merge if head is None else head.merge}
         for name in ("aggregate", "distinct", "topk"):
             op = getattr(self, name)
             if op is not None:
                 ops[name] = op
         return ops
 
-    def snapshot(self) -> dict[str, Json]:
+    def snapshot(self, head: Head | None = None) -> dict[str, Json]:
+        """The state of the pipeline's query, or of ``head``'s: what a pipeline compiled for
+        that query restores."""
         if self.broken or self.version is None:
             raise PipelineBroken("nothing consistent to persist")
-        return {"format": FORMAT, "plan": self.spec.fingerprint(), "version": self.version,
+        spec = self.spec if head is None else head.spec
+        return {"format": FORMAT, "plan": spec.fingerprint(), "version": self.version,
                 "relids": list(self.relids), "epochs": list(self.epochs),
-                "ops": {k: op.snapshot() for k, op in self._stateful().items()},
+                "ops": {k: op.snapshot() for k, op in self._stateful(head).items()},
                 "filters": [[None if f is None else f.snapshot() for f in pair]
                             for pair in self.filters]}
 
     def restore(self, state: dict[str, Json]) -> None:
+        """Replaces the state by ``state`` (of this pipeline's own query); refused while
+        heads share it, whose merges it would leave behind."""
+        if self.heads:
+            raise StateFormatError("a state shared by several sketches is not restored")
         if state.get("format") != FORMAT or state.get("plan") != self.spec.fingerprint():
             raise StateFormatError("persisted state belongs to another plan or format")
         ops = self._stateful()

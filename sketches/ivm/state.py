@@ -17,14 +17,16 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from sketches.ivm.errors import StateFormatError
-from sketches.ivm.pipeline import Pipeline
+from sketches.ivm.pipeline import Head, Pipeline
 
 log = logging.getLogger(__name__)
 
 
-def save(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> None:
-    """Upserts the pipeline's state under ``key`` (e.g. the sketch id or template+params)."""
-    snap = pipeline.snapshot()
+def save(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline,
+         head: Head | None = None) -> None:
+    """Upserts the pipeline's state under ``key`` (e.g. the sketch id or template+params):
+    that of its own query, or of ``head``'s (:meth:`Pipeline.snapshot`)."""
+    snap = pipeline.snapshot(head)
     conn.execute(
         "INSERT INTO imp.ivm_state (sketch_key, version, epochs, state)"
         " VALUES (%s, %s::pg_snapshot, %s, %s)"

@@ -86,8 +86,9 @@ def conn(db: str) -> Iterator[Conn]:
 
 
 def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | None,
-          expect_version: bool = True) -> Prepared:
-    """prepare + the oracle, all in one REPEATABLE READ snapshot."""
+          expect_version: bool = True, exact: bool = False) -> Prepared:
+    """prepare + the oracle, all in one REPEATABLE READ snapshot; ``exact``: the sketch must
+    equal the freshly captured one (a HAVING query's maintained sketch has no slack)."""
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     try:
         p = m.prepare(conn, sql, list(params) if params is not None else None)
@@ -105,9 +106,11 @@ def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | N
             by_alias = {t.alias: t for t in analysis.tables}
             targets = [CaptureTarget(by_alias[x.table.alias], x.schema, x.column, x.partition,
                                      x.nullable) for x in sketch.parts]
-            exact = capture(conn, sketch.query, analysis, targets, sketch.params)
-            for kept, fresh in zip(sketch.parts, exact.parts, strict=True):
+            captured = capture(conn, sketch.query, analysis, targets, sketch.params)
+            for kept, fresh in zip(sketch.parts, captured.parts, strict=True):
                 assert kept.fragments >= fresh.fragments, (sql, kept.fragments, fresh.fragments)
+                assert not exact or kept.fragments == fresh.fragments, (sql, kept.fragments,
+                                                                         fresh.fragments)
         return p
     finally:
         conn.execute("COMMIT")
@@ -276,6 +279,89 @@ def test_a_second_manager_catches_up_after_the_first_collected_deltas(conn: Conn
     finally:
         m1.close()
         m2.close()
+        conn.execute("DELETE FROM f WHERE id > 800000")
+
+
+SHARED = "SELECT g, sum(v) AS s, count(*) FROM f GROUP BY g HAVING sum(v) > $1"
+
+
+def pipelines(m: SketchManager) -> dict[int | None, Any]:
+    """Sketch id → the pipeline object maintaining it (shared ones are the same object)."""
+    return {e.sketch.id: e.pipeline for _t, e in m.entries()}
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_sketches_differing_in_having_share_one_aggregation(conn: Conn, share: bool) -> None:
+    """A looser threshold's sketch (not servable by the stricter one) gets a head on the
+    stricter sketch's pipeline: no state build, and each delta maintained once for both.
+    Both stay exact through writes that move rows across groups and empty a group, and the
+    state persisted for the second one is its own (a second manager resumes from it)."""
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy", share_state=share))
+    m2 = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    try:
+        m.drop_all(conn)
+        strict = check(m, conn, SHARED, (530,))
+        loose = check(m, conn, SHARED, (450,))
+        assert strict.decision == loose.decision == "capture"
+        assert strict.sketch_id != loose.sketch_id
+        same = pipelines(m)[strict.sketch_id] is pipelines(m)[loose.sketch_id]
+        assert same is share
+        assert m.stats().get("shared_states", 0) == (1 if share else 0)
+        for i, (write, args) in enumerate([
+                ("INSERT INTO f SELECT 700000 + i, 3, 49, 1 FROM generate_series(1, 9) i", ()),
+                ("UPDATE f SET g = 7 WHERE id BETWEEN 11 AND 60 AND g <> 7", ()),
+                ("DELETE FROM f WHERE g = %s", (5,)),
+                ("UPDATE f SET v = v + 20 WHERE g = %s", (8,))]):
+            conn.execute(write, args)
+            before = m.stats().get("maintenances", 0)
+            assert check(m, conn, SHARED, (530,), exact=True).sketch_id == strict.sketch_id
+            assert check(m, conn, SHARED, (450,), exact=True).sketch_id == loose.sketch_id
+            assert m.stats()["maintenances"] == before + (1 if share else 2), i
+        # the second manager loads each sketch's own persisted state and maintains it on
+        assert check(m2, conn, SHARED, (450,)).sketch_id == loose.sketch_id
+        assert m2.stats().get("states_loaded", 0) == 1
+        conn.execute("DELETE FROM f WHERE g = %s", (9,))
+        assert check(m2, conn, SHARED, (450,), exact=True).decision == "use"
+        assert check(m, conn, SHARED, (450,), exact=True).decision == "use"
+        # a dropped sketch's head is no longer maintained
+        assert m.drop(conn, loose.sketch_id)
+        shared = pipelines(m)[strict.sketch_id]
+        assert shared is not None and shared.heads == []
+        assert check(m, conn, SHARED, (530,)).decision == "use"
+    finally:
+        m.close()
+        m2.close()
+        reset(conn)
+
+
+def test_a_shared_state_behind_another_managers_breaks(conn: Conn) -> None:
+    """A pipeline shared by two sketches whose deltas another manager collected after
+    persisting newer states of both: it cannot take one sketch's state, so it breaks and
+    both sketches are captured anew — exact, not maintained past the missing deltas."""
+    other = SketchManager(SketchSettings(fragments=10, state_interval=0.3))
+    m = SketchManager(SketchSettings(fragments=10, state_interval=3600.0))
+    try:
+        m.drop_all(conn)
+        ids = [check(m, conn, SHARED, (t,)).sketch_id for t in (530, 450)]
+        shared = pipelines(m)[ids[0]]
+        assert shared is not None and shared is pipelines(m)[ids[1]]
+        for t in (530, 450):  # loaded by the other manager at the same version
+            assert check(other, conn, SHARED, (t,)).decision == "use"
+        oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
+        assert oid is not None
+        conn.execute("INSERT INTO f SELECT 800000 + i, 19, 49, 99 FROM generate_series(1, 5) i")
+        for t in (530, 450):
+            check(other, conn, SHARED, (t,))
+        wait_for(lambda: conn.execute(
+            f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
+        failures = m.stats().get("ivm_failures", 0)
+        for t in (530, 450):
+            check(m, conn, SHARED, (t,))  # the oracle: exact
+        assert shared.broken
+        assert m.stats()["ivm_failures"] > failures
+    finally:
+        other.close()
+        m.close()
         conn.execute("DELETE FROM f WHERE id > 800000")
 
 

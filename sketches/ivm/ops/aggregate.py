@@ -219,10 +219,12 @@ class Aggregate(Operator):
         return self._emit(old, reann)
 
     def step_sketch(self, rows: Iterable[Partial], values: Iterable[ValueChange],
-                    having: HavingTest | None) -> list[dict[int, int]]:
+                    having: HavingTest | None,
+                    others: Sequence[HavingTest | None] = ()) -> list[list[dict[int, int]]]:
         """:meth:`step_partials` fused with HAVING (None: no HAVING) and the merge: returns,
         per slot, the change of each fragment's count of *passing* output rows (what
-        :meth:`Merge.apply` takes) instead of a Z-set of output rows.
+        :meth:`Merge.apply` takes) instead of a Z-set of output rows — one such list for
+        ``having`` and one for each of ``others``, in that order.
 
         Why: for Aggregate → HAVING → Merge the old output row of a touched group matters
         only through whether it passed and its fragments. ``GroupState.passed`` remembers the
@@ -230,13 +232,18 @@ class Aggregate(Operator):
         So no old row is recomputed, no Z-set built, only the aggregates HAVING reads are
         computed, and a group that passes before and after with unchanged fragments costs
         nothing beyond its new row's HAVING test. Same state changes as
-        :meth:`step_partials` (the tests check the sketches against it)."""
+        :meth:`step_partials` (the tests check the sketches against it).
+
+        ``others``: further HAVING conditions over the same aggregation (the sketches of one
+        template with other thresholds, which share this state); each touched group's old and
+        new output rows are computed once for all of them."""
         if self.scalar:
             raise NotMaintainable("pre-aggregated deltas need GROUP BY")
         self._recent = {}
         passes = self._pass_test(having)
         groups, new_group = self.groups, self._new_group
         before: dict[Row, bool] = {}
+        old_rows: dict[Row, Row | None] = {}
         flips: dict[Row, dict[tuple[int, int], int]] = {}
         for key, frags, count, partials in rows:
             st = groups.get(key)
@@ -244,6 +251,9 @@ class Aggregate(Operator):
                 st = groups[key] = new_group()
             if key not in before:
                 before[key] = passes(key, st)
+                if others:
+                    old_rows[key] = (key + tuple(map(_result, st.accs))
+                                     if st.count > 0 else None)
             st.count += count
             for slot, f in frags:
                 counter = st.frags[slot]
@@ -253,7 +263,26 @@ class Aggregate(Operator):
             for acc, part in zip(st.accs, partials, strict=True):
                 acc.absorb(part)
         self._apply_values(values, before)
-        return self._passing_changes(before, flips, passes)
+        extra = self._other_heads(old_rows, flips, others) if others else []
+        return [self._passing_changes(before, flips, passes), *extra]
+
+    def _other_heads(self, old_rows: dict[Row, Row | None],
+                     flips: dict[Row, dict[tuple[int, int], int]],
+                     others: Sequence[HavingTest | None]) -> list[list[dict[int, int]]]:
+        """The passing-fragment changes of each HAVING of ``others`` (see :meth:`step_sketch`)
+        from the touched groups' old rows and their state after the batch."""
+        tests = [(lambda row: True) if h is None else h[0] for h in others]
+        out: list[list[dict[int, int]]] = [[{} for _ in range(self.slots)] for _ in others]
+        groups = self.groups
+        for key, old in old_rows.items():
+            st = groups[key]
+            new = key + tuple(map(_result, st.accs)) if st.count > 0 else None
+            net = flips.get(key)
+            for test, changes in zip(tests, out, strict=True):
+                was = old is not None and test(old) is True
+                now = new is not None and test(new) is True
+                _count_passing(changes, st, net, was, now)
+        return out
 
     def _apply_values(self, values: Iterable[ValueChange], touched: dict[Row, Any]) -> None:
         """The min/max value changes of a pre-aggregated delta (groups ``touched`` by its
@@ -306,22 +335,8 @@ class Aggregate(Operator):
             now = passes(key, st)
             if st.count == 0:
                 del groups[key]
-            net = flips.get(key)
-            if was and now:
-                if net:
-                    for (slot, f), d in net.items():
-                        if d:
-                            ch = changes[slot]
-                            ch[f] = ch.get(f, 0) + d
-            elif was:
-                for slot, f in _fragments_before(st, net):
-                    ch = changes[slot]
-                    ch[f] = ch.get(f, 0) - 1
-            elif now:
-                for slot, counter in enumerate(st.frags):
-                    ch = changes[slot]
-                    for f in counter:
-                        ch[f] = ch.get(f, 0) + 1
+            if was or now:
+                _count_passing(changes, st, flips.get(key), was, now)
         return changes
 
     def _emit(self, old: dict[Row, tuple[Row, Ann] | None], reann: set[Row]) -> ZSet:
@@ -442,6 +457,29 @@ class Aggregate(Operator):
             for acc, data in zip(st.accs, accs, strict=True):
                 acc.restore(data)
             self.groups[decode_row(key)] = st
+
+
+def _count_passing(changes: list[dict[int, int]], st: GroupState,
+                   net: dict[tuple[int, int], int] | None, was: bool, now: bool) -> None:
+    """Adds one group's change to ``changes`` (per slot: fragment → change of its count of
+    passing rows): it passed before the batch (``was``) and/or after it (``now``); ``st``
+    is its state after the batch, ``net`` its fragments' net appearances (+1) and
+    disappearances (−1) in the batch."""
+    if was and now:
+        if net:
+            for (slot, f), d in net.items():
+                if d:
+                    ch = changes[slot]
+                    ch[f] = ch.get(f, 0) + d
+    elif was:
+        for slot, f in _fragments_before(st, net):
+            ch = changes[slot]
+            ch[f] = ch.get(f, 0) - 1
+    elif now:
+        for slot, counter in enumerate(st.frags):
+            ch = changes[slot]
+            for f in counter:
+                ch[f] = ch.get(f, 0) + 1
 
 
 def _fragments_before(st: GroupState,

@@ -315,14 +315,19 @@ def as_partials(delta: ZSet, aggs: tuple[AggSpec, ...]) -> tuple[list[Any], list
 def test_fused_aggregate_having_merge(data: st.DataObject) -> None:
     """``Aggregate.step_sketch`` + ``Merge.apply`` (HAVING fused, only the aggregates it reads
     computed) gives the sketch of the naive twin and of step_partials → HAVING → merge, also
-    across a snapshot/restore (which forgets every group's remembered HAVING outcome)."""
+    across a snapshot/restore (which forgets every group's remembered HAVING outcome); so do
+    the further HAVING conditions it maintains on the same state (``others``), NULL-valued
+    tests and no HAVING at all among them."""
     having = Or((Cmp(">", Col(3), Const(1)), IsNull(Col(5))))  # sum(v), min(v)
+    others = (Cmp("<", Col(3), Const(3)), Cmp(">=", Col(5), Const(2)), None)
     test = Having(having)
+    tests = [None if h is None else Having(h) for h in others]
 
     def make() -> Aggregate:
         return Aggregate((0,), ALL_AGGS, SLOTS)
     fused, twin = make(), make()
-    fused_merge, twin_merge = Merge(SLOTS), Merge(SLOTS)
+    fused_merges = [Merge(SLOTS) for _ in range(1 + len(others))]
+    twin_merge = Merge(SLOTS)
     bag = ZSet()
     restart_at = data.draw(st.integers(0, 6), label="restart at")
     for i in range(6):
@@ -331,7 +336,14 @@ def test_fused_aggregate_having_merge(data: st.DataObject) -> None:
         delta = draw_batch(data, bag)
         bag.extend(delta)
         parts, values = as_partials(delta, ALL_AGGS)
-        fused_merge.apply(fused.step_sketch(parts, values, (test.test, test.columns)))
+        changes = fused.step_sketch(parts, values, (test.test, test.columns),
+                                    [None if t is None else (t.test, t.columns) for t in tests])
+        for merge, change in zip(fused_merges, changes, strict=True):
+            merge.apply(change)
         twin_merge.step(test.step(twin.step_partials(parts, values)))
-        naive = ref.merge(ref.select(ref.aggregate(bag, (0,), ALL_AGGS, SLOTS), having), SLOTS)
-        assert fused_merge.sketch() == twin_merge.sketch() == naive
+        output = ref.aggregate(bag, (0,), ALL_AGGS, SLOTS)
+        naive = ref.merge(ref.select(output, having), SLOTS)
+        assert fused_merges[0].sketch() == twin_merge.sketch() == naive
+        for merge, h in zip(fused_merges[1:], others, strict=True):
+            want = ref.merge(output if h is None else ref.select(output, h), SLOTS)
+            assert merge.sketch() == want, h

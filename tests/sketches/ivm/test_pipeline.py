@@ -563,6 +563,65 @@ def test_unpushed_fetch_carries_rows_failing_the_where(db: str) -> None:
     assert pushed.applied == 1
 
 
+def having_variant(case: Case, old: str, new: str) -> Case:
+    """``case`` with its HAVING condition ``old`` replaced by ``new`` (query and exact SQL)."""
+    assert old in case.query and old in case.exact
+    return dataclasses.replace(case, query=case.query.replace(old, new),
+                               exact=case.exact.replace(old, new))
+
+
+SHARED_CASES = {
+    "single": (PREAGG, "sum(t.v) > 14 OR avg(t.w) = 2.5 OR count(t.w) < 2",
+               ("sum(t.v) > 4 OR avg(t.w) = 1 OR count(t.w) < 1",
+                "sum(t.v) > 30 OR avg(t.w) = 4 OR count(t.w) < 3"),
+               S1_OPS, apply_s1, ("s1",), seed_s1),
+    "join": (JOIN_PREAGG, "sum(s.b) > 5 OR avg(r.a) < 4 OR count(s.b) < 2",
+             ("sum(s.b) > 0 OR avg(r.a) < 2 OR count(s.b) < 1",
+              "sum(s.b) > 12 OR avg(r.a) < 7 OR count(s.b) < 3"),
+             JOIN_OPS, apply_join, ("r", "s"), seed_join),
+}
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("shape", sorted(SHARED_CASES))
+@settings(SETTINGS, max_examples=6)
+@given(data=st.data())
+def test_heads_share_one_aggregation(db: str, shape: str, fuse: bool,
+                                     data: st.DataObject) -> None:
+    """Queries differing only in HAVING as heads of one pipeline: after every step each
+    head's sketch is the exact sketch of its own query, and the state persisted for a head
+    is what a pipeline compiled for that query restores and maintains on exactly."""
+    base, having, others, ops, apply, tables, seed = SHARED_CASES[shape]
+    base = with_options(base, fuse_having=fuse)
+    cases = [having_variant(base, having, h) for h in others]
+    reset(db, tables, seed)
+    pipe = build(db, base)
+    with snapshot_conn(db) as c:
+        pipe.maintain(c)
+        heads = [pipe.add_head(compile(analyse(k.query), k.targets, None, k.options).spec)
+                 for k in cases]
+        for head, k in zip(heads, cases, strict=True):
+            assert pipe.sketch(head) == exact_sketch(c, k)
+        c.commit()
+    for step in range(5):
+        batch = data.draw(st.lists(ops, min_size=1, max_size=4), label=f"batch {step}")
+        with psycopg.connect(db) as writer:
+            for op in batch:
+                apply(writer, op)
+        check(db, pipe, base)
+        with snapshot_conn(db) as c:
+            for head, k in zip(heads, cases, strict=True):
+                assert pipe.sketch(head) == exact_sketch(c, k), k.query
+            c.commit()
+    saved = json.loads(json.dumps(pipe.snapshot(heads[1])))
+    alone = compile(analyse(cases[1].query), cases[1].targets, None, cases[1].options)
+    alone.restore(saved)
+    assert alone.sketch() == pipe.sketch(heads[1])
+    with psycopg.connect(db, autocommit=True) as w:
+        apply(w, data.draw(ops, label="after restore"))
+    check(db, alone, cases[1])
+
+
 def test_persisted_state_resumes_after_restart(db: str) -> None:
     reset(db, ("s1",), seed_s1)
     pipe = build(db, HAVING)
