@@ -670,14 +670,15 @@ class SketchManager(IncrementalMaintenance):
         return [("heavy_backend", choice.backend), ("heavy_backend_reason", choice.reason)]
 
     def drop(self, conn: psycopg.Connection[Any], sketch_id: int) -> bool:
-        found = False
+        dropped: list[tuple[_Template, _Entry]] = []
         with self._lock:
             for t in self._templates.values():
                 for e in list(t.entries):
                     if e.sketch.id == sketch_id:
                         t.entries.remove(e)
-                        self.detach(e)
-                        found = True
+                        dropped.append((t, e))
+        self._detach_all(dropped)
+        found = bool(dropped)
         if self.settings.persist:
             self._ensure_catalog(conn)
             found = catalog.delete_sketch(conn, sketch_id) or found
@@ -685,14 +686,22 @@ class SketchManager(IncrementalMaintenance):
                 ivm_state.delete(conn, str(sketch_id))
         return found
 
+    def _detach_all(self, dropped: list[tuple[_Template, _Entry]]) -> None:
+        """Detaches dropped entries, each under its template's lock: a capture of that
+        template may be adding a head to the same pipeline (taken after the manager's lock,
+        whose holders never wait for a template lock)."""
+        for t, e in dropped:
+            with t.lock:
+                self.detach(e)
+
     def drop_all(self, conn: psycopg.Connection[Any]) -> int:
         with self._lock:
-            count = sum(len(t.entries) for t in self._templates.values())
+            dropped = [(t, e) for t in self._templates.values() for e in t.entries]
             for t in self._templates.values():
-                for e in t.entries:
-                    self.detach(e)
                 t.entries.clear()
                 t.loaded = True
+        self._detach_all(dropped)
+        count = len(dropped)
         if self.settings.persist:
             self._ensure_catalog(conn)
             count = max(count, catalog.delete_all(conn))
