@@ -282,6 +282,37 @@ def test_a_second_manager_catches_up_after_the_first_collected_deltas(conn: Conn
         conn.execute("DELETE FROM f WHERE id > 800000")
 
 
+def test_eager_maintenance_catches_up_after_another_manager_collected_deltas(
+        conn: Conn) -> None:
+    """As above, but the second manager's own background thread maintains next (eager): it
+    must also continue from the newer persisted state, or it would step over the collected
+    deltas and keep a sketch that misses a fragment (group 0's, which only the collected
+    rows make pass)."""
+    sql, params = "SELECT g, sum(v) FROM f GROUP BY g HAVING sum(v) > $1", (570,)
+    m1 = SketchManager(SketchSettings(fragments=10, state_interval=0.3))
+    m2 = SketchManager(SketchSettings(fragments=10, strategy="eager", batch_size=10**6,
+                                      batch_interval=3600.0, state_interval=3600.0))
+    try:
+        m1.drop_all(conn)
+        p = check(m1, conn, sql, params)
+        assert check(m2, conn, sql, params).sketch_id == p.sketch_id  # loaded, old version
+        oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
+        assert oid is not None
+        conn.execute("INSERT INTO f SELECT 800000 + i, 0, 49, 1 FROM generate_series(1, 5) i")
+        check(m1, conn, sql, params)
+        wait_for(lambda: conn.execute(
+            f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
+        before = m2.stats().get("states_loaded", 0)
+        m2.configure("batch_interval", "0.05")  # now the background maintains m2's sketch
+        wait_for(lambda: m2.stats().get("eager_maintenances", 0) >= 1)
+        assert check(m2, conn, sql, params).decision == "use"  # exact: caught up
+        assert m2.stats()["states_loaded"] == before + 1
+    finally:
+        m1.close()
+        m2.close()
+        conn.execute("DELETE FROM f WHERE id > 800000")
+
+
 SHARED = "SELECT g, sum(v) AS s, count(*) FROM f GROUP BY g HAVING sum(v) > $1"
 
 
