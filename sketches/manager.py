@@ -76,12 +76,13 @@ class SketchSettings:
     ``state_interval`` (s): how often the background thread persists states and collects
     audit rows; ``verify_state``: check a freshly built state's sketch against a capture in
     the same snapshot (one extra capture per state build, not for a shared state; a mismatch
-    means an engine bug and the sketch keeps recapture); ``own_sketch_after``: on the N-th execution of the same
-    parameter values (thresholds, LIMIT) served only by a sketch of a looser instance of the
-    template, capture a sketch of their own (0: always reuse the looser sketch), while the
-    template has fewer than ``max_sketches_per_template`` sketches and the looser sketch
-    selects more than ``own_sketch_min_coverage`` of a table's fragments (below, the rows a
-    tighter sketch would skip on top cost less than maintaining one more sketch);
+    means an engine bug and the sketch keeps recapture); ``own_sketch_after``: on the N-th
+    execution of the same parameter values (thresholds, LIMIT) served only by a sketch of a
+    looser instance of the template, capture a sketch of their own (0: always reuse the
+    looser sketch), while the template has fewer than ``max_sketches_per_template`` sketches
+    and the looser sketch selects more than ``own_sketch_min_coverage`` of a table's
+    fragments (below, the rows a tighter sketch would skip on top cost less than maintaining
+    one more sketch);
     ``share_state``: a new sketch of a template whose query differs from an incrementally
     maintained sketch's only in HAVING shares that sketch's aggregate state (one maintenance
     per delta for both, no state build at capture)."""
