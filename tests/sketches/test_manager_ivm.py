@@ -527,6 +527,9 @@ class UpdateSequences(RuleBasedStateMachine):
             p = check(self.m, self.conn, sql, params)
             assert p.decision in ("use", "capture", "passthrough")
 
+    def expected_ids(self) -> set[int]:
+        return set(self.ids.values())
+
     def teardown(self) -> None:
         try:
             if self.open_txn is not None:
@@ -535,7 +538,7 @@ class UpdateSequences(RuleBasedStateMachine):
             rows = self.m.sketches()
             # the sketches captured at the start, never replaced (no invalidation happened)
             # and each captured once: everything since was incremental
-            assert {r["sketch_id"] for r in rows} == set(self.ids.values()), rows
+            assert {r["sketch_id"] for r in rows} == self.expected_ids(), rows
             assert all(r["captures"] == 1 and r["strategy"] == self.strategy for r in rows)
             total = sum(int(r["maintenances"]) for r in rows)  # type: ignore[call-overload]
             self.maintained.append(total)
@@ -551,6 +554,52 @@ class UpdateSequences(RuleBasedStateMachine):
 @pytest.mark.parametrize("strategy", ["lazy", "eager"])
 def test_random_update_sequences(db: str, strategy: str) -> None:
     class Machine(UpdateSequences):
+        pass
+
+    Machine.strategy = strategy
+    Machine.dsn = db
+    Machine.maintained = []
+    Machine.TestCase.settings = settings(
+        max_examples=4, stateful_step_count=8, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    Machine.TestCase().runTest()
+    assert sum(Machine.maintained) > 0
+
+
+SHARED_THRESHOLDS = (570, 450, 300)
+
+
+class SharedSequences(UpdateSequences):
+    """The same random writes with three HAVING thresholds of one template captured strictest
+    first, so the two looser ones become heads of the first one's pipeline; each must stay
+    exactly the freshly captured sketch, through restarts (which reload them unshared) too."""
+
+    shared_ids: dict[int, int] = {}
+
+    @initialize()
+    def start(self) -> None:
+        super().start()
+        assert self.ids
+        self.shared_ids = {t: check(self.m, self.conn, SHARED, (t,)).sketch_id or 0
+                           for t in SHARED_THRESHOLDS}
+        assert self.m.stats().get("shared_states", 0) == len(SHARED_THRESHOLDS) - 1
+
+    def expected_ids(self) -> set[int]:
+        return super().expected_ids() | set(self.shared_ids.values())
+
+    @invariant()
+    def shared_exact(self) -> None:
+        if not self.shared_ids:
+            return
+        for t in SHARED_THRESHOLDS:
+            p = check(self.m, self.conn, SHARED, (t,), exact=True)
+            assert p.sketch_id == self.shared_ids[t]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lazy", "eager"])
+def test_random_update_sequences_with_shared_state(db: str, strategy: str) -> None:
+    class Machine(SharedSequences):
         pass
 
     Machine.strategy = strategy
