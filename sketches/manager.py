@@ -283,7 +283,7 @@ class SketchManager(IncrementalMaintenance):
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")
-        entry = self._capture(conn, sql, params, template, analysis, safety)
+        entry = self._capture(conn, sql, params, template, tmpl, analysis, safety)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         tmpl.entries.insert(0, entry)
         self._count("captures")
@@ -405,10 +405,11 @@ class SketchManager(IncrementalMaintenance):
     # ---- capture ---------------------------------------------------------------------
 
     def _capture(self, conn: psycopg.Connection[Any], sql: str,
-                 params: tuple[object, ...] | None, template: str,
+                 params: tuple[object, ...] | None, template: str, tmpl: _Template,
                  analysis: QueryAnalysis, safety: Safety) -> _Entry:
-        """A new sketch: with incremental state when the tables are tracked in this snapshot,
-        else captured plainly (and the tables queued for tracking)."""
+        """A new sketch: with incremental state when the tables are tracked in this snapshot
+        (shared with a sketch of ``tmpl``, whose lock the caller holds, where possible), else
+        captured plainly (and the tables queued for tracking)."""
         targets = self._targets(conn, analysis, safety)
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn))
@@ -424,7 +425,7 @@ class SketchManager(IncrementalMaintenance):
         started = time.perf_counter()
         frags = None
         if pipeline is not None:
-            frags = self._share(conn, self._template(template), entry, pipeline)
+            frags = self._share(conn, tmpl, entry, pipeline)
             if frags is not None:
                 pipeline = entry.pipeline
         if pipeline is not None and frags is None and incremental.tracked(conn, pipeline):

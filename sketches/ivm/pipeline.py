@@ -120,6 +120,10 @@ class Head:
     having: Having | None
     merge: Merge
 
+    def step(self, out: ZSet) -> SketchDelta:
+        """Merges the aggregate's output delta ``out`` that passes this head's HAVING."""
+        return self.merge.step(out if self.having is None else self.having.step(out))
+
 
 class Pipeline:
     def __init__(self, spec: PlanSpec) -> None:
@@ -611,7 +615,7 @@ class Pipeline:
         def unfused() -> SketchDelta:
             out = agg.step_partials(changes, values)
             for head in heads:
-                head.merge.step(out if head.having is None else head.having.step(out))
+                head.step(out)
             return self.merge.step(self._above_aggregate(out))
         return self._advance(conn, current, unfused)
 
@@ -634,8 +638,7 @@ class Pipeline:
         assert agg is not None
         head = Head(spec, Having(spec.having) if spec.having is not None else None,
                     Merge(self.spec.slots))
-        out = agg.current_output()
-        head.merge.step(out if head.having is None else head.having.step(out))
+        head.step(agg.current_output())
         self.heads = [*self.heads, head]  # a new list: a step in progress keeps its own
         return head
 
