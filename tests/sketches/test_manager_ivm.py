@@ -550,22 +550,6 @@ class UpdateSequences(RuleBasedStateMachine):
     maintained: list[int] = []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["lazy", "eager"])
-def test_random_update_sequences(db: str, strategy: str) -> None:
-    class Machine(UpdateSequences):
-        pass
-
-    Machine.strategy = strategy
-    Machine.dsn = db
-    Machine.maintained = []
-    Machine.TestCase.settings = settings(
-        max_examples=4, stateful_step_count=8, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-    Machine.TestCase().runTest()
-    assert sum(Machine.maintained) > 0
-
-
 SHARED_THRESHOLDS = (570, 450, 300)
 
 
@@ -597,9 +581,12 @@ class SharedSequences(UpdateSequences):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("machine", [UpdateSequences, SharedSequences],
+                         ids=["sketch-per-query", "shared-state"])
 @pytest.mark.parametrize("strategy", ["lazy", "eager"])
-def test_random_update_sequences_with_shared_state(db: str, strategy: str) -> None:
-    class Machine(SharedSequences):
+def test_random_update_sequences(db: str, strategy: str,
+                                 machine: type[UpdateSequences]) -> None:
+    class Machine(machine):  # type: ignore[valid-type,misc]
         pass
 
     Machine.strategy = strategy
