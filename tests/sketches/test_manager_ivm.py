@@ -256,55 +256,42 @@ def test_eager_maintains_in_the_background_and_collects_audit_rows(conn: Conn) -
         conn.execute("DELETE FROM r WHERE id >= 600000")
 
 
-def test_a_second_manager_catches_up_after_the_first_collected_deltas(conn: Conn) -> None:
+def collected_by(other: SketchManager, conn: Conn, g: int, w: int,
+                 queries: list[tuple[str, tuple[object, ...] | None]]) -> None:
+    """Inserts five rows (v 49, ``w``) into group ``g`` of f; ``other`` maintains each query
+    past them, then persists its states and collects their audit rows (waited for)."""
+    oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
+    assert oid is not None
+    conn.execute("INSERT INTO f SELECT 800000 + i, %s, 49, %s FROM generate_series(1, 5) i",
+                 (g, w))
+    for sql, params in queries:
+        check(other, conn, sql, params)
+    wait_for(lambda: conn.execute(
+        f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["by-query", "by-eager-background"])
+def test_a_second_manager_catches_up_after_the_first_collected_deltas(conn: Conn,
+                                                                       eager: bool) -> None:
     """Two managers on one database (two proxies): the first persists a newer state and
     collects the audit rows it covers; the second, still at an older version, must continue
-    from the persisted state instead of missing those deltas."""
-    sql, params = QUERIES[0]
-    m1 = SketchManager(SketchSettings(fragments=10, state_interval=0.3))
-    m2 = SketchManager(SketchSettings(fragments=10, state_interval=3600.0))
-    try:
-        m1.drop_all(conn)
-        p = check(m1, conn, sql, params)
-        assert check(m2, conn, sql, params).sketch_id == p.sketch_id  # loaded, old version
-        oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
-        assert oid is not None
-        conn.execute("INSERT INTO f SELECT 800000 + i, 19, 49, 99 FROM generate_series(1, 5) i")
-        check(m1, conn, sql, params)  # m1 maintains past the insert ...
-        wait_for(lambda: conn.execute(  # ... persists and collects its audit rows
-            f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
-        before = m2.stats().get("states_loaded", 0)
-        assert check(m2, conn, sql, params).decision == "use"  # exact: caught up
-        assert m2.stats()["states_loaded"] == before + 1
-    finally:
-        m1.close()
-        m2.close()
-        conn.execute("DELETE FROM f WHERE id > 800000")
-
-
-def test_eager_maintenance_catches_up_after_another_manager_collected_deltas(
-        conn: Conn) -> None:
-    """As above, but the second manager's own background thread maintains next (eager): it
-    must also continue from the newer persisted state, or it would step over the collected
-    deltas and keep a sketch that misses a fragment (group 0's, which only the collected
-    rows make pass)."""
+    from the persisted state instead of stepping over those deltas — whether a query
+    maintains next or (eager) its own background thread does. Else its sketch would miss
+    group 0's fragment, which only the collected rows make pass."""
     sql, params = "SELECT g, sum(v) FROM f GROUP BY g HAVING sum(v) > $1", (570,)
     m1 = SketchManager(SketchSettings(fragments=10, state_interval=0.3))
-    m2 = SketchManager(SketchSettings(fragments=10, strategy="eager", batch_size=10**6,
-                                      batch_interval=3600.0, state_interval=3600.0))
+    m2 = SketchManager(SketchSettings(fragments=10, state_interval=3600.0, batch_size=10**6,
+                                      batch_interval=3600.0,
+                                      strategy="eager" if eager else "lazy"))
     try:
         m1.drop_all(conn)
         p = check(m1, conn, sql, params)
         assert check(m2, conn, sql, params).sketch_id == p.sketch_id  # loaded, old version
-        oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
-        assert oid is not None
-        conn.execute("INSERT INTO f SELECT 800000 + i, 0, 49, 1 FROM generate_series(1, 5) i")
-        check(m1, conn, sql, params)
-        wait_for(lambda: conn.execute(
-            f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
+        collected_by(m1, conn, 0, 1, [(sql, params)])
         before = m2.stats().get("states_loaded", 0)
-        m2.configure("batch_interval", "0.05")  # now the background maintains m2's sketch
-        wait_for(lambda: m2.stats().get("eager_maintenances", 0) >= 1)
+        if eager:
+            m2.configure("batch_interval", "0.05")  # now the background maintains m2's sketch
+            wait_for(lambda: m2.stats().get("eager_maintenances", 0) >= 1)
         assert check(m2, conn, sql, params).decision == "use"  # exact: caught up
         assert m2.stats()["states_loaded"] == before + 1
     finally:
@@ -378,13 +365,7 @@ def test_a_shared_state_behind_another_managers_breaks(conn: Conn) -> None:
         assert shared is not None and shared is pipelines(m)[ids[1]]
         for t in (530, 450):  # loaded by the other manager at the same version
             assert check(other, conn, SHARED, (t,)).decision == "use"
-        oid = conn.execute("SELECT 'f'::regclass::oid::int").fetchone()
-        assert oid is not None
-        conn.execute("INSERT INTO f SELECT 800000 + i, 19, 49, 99 FROM generate_series(1, 5) i")
-        for t in (530, 450):
-            check(other, conn, SHARED, (t,))
-        wait_for(lambda: conn.execute(
-            f"SELECT count(*) FROM imp.delta_{oid[0]} WHERE id > 800000").fetchone() == (0,))
+        collected_by(other, conn, 19, 99, [(SHARED, (t,)) for t in (530, 450)])
         failures = m.stats().get("ivm_failures", 0)
         for t in (530, 450):
             check(m, conn, SHARED, (t,))  # the oracle: exact
