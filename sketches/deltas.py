@@ -219,6 +219,9 @@ class DeltaQuery:
     """(relid, audit table) of further tables the query reads (a join's pre-aggregated delta)."""
     tuned: bool = False
     """Run it with :func:`read_settings` (a query joining base tables: its plan matters)."""
+    setup: bytes | None = None
+    """A statement (parameter ``%(since)s``) to run right before the fetch, under
+    :func:`read_settings`: planner settings that depend on the delta's size."""
 
     @property
     def audits(self) -> tuple[tuple[int, str], ...]:
@@ -266,6 +269,8 @@ def fetch(conn: psycopg.Connection[Any], info: TableInfo, alias: str,
 def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
                 since: str) -> list[tuple[Any, ...]]:
     """:func:`fetch` of a query built before (its table's tracking unchanged since)."""
+    if query.setup is not None:  # the caller runs a query with a setup in read_settings
+        conn.execute(query.setup, {"since": since})
     rows = conn.execute(query.text, {"since": since}).fetchall()
     _check_audits_visible(query.audits, conn.execute(*_visible_query(query.audits)).fetchone())
     log.debug("table %s: %d delta rows since %s", query.relid, len(rows), since)
@@ -345,7 +350,11 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
             if tuned:
                 conn.execute(_SETTINGS)
             probed = conn.execute(_PROBE, (list(relids),))
-            fetched = [conn.execute(q.text, {"since": since}) for q in queries]
+            fetched = []
+            for q in queries:
+                if q.setup is not None and tuned:
+                    conn.execute(q.setup, {"since": since})
+                fetched.append(conn.execute(q.text, {"since": since}))
             visible = conn.execute(*_visible_query(audits))
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)

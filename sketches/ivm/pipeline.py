@@ -479,7 +479,7 @@ class Pipeline:
         if self.having is not None:
             out = self.having.step(out)
         if self.topk is not None and self.order_project is not None:
-            out = self.topk.step(self.order_project.step(out))
+            out = self.topk.step(out, self.order_project.project_row)
         return out
 
     # ---- maintenance ---------------------------------------------------------------------

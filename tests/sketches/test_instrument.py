@@ -6,6 +6,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pglast import parse_sql
 
 from sketches.errors import InstrumentationError
@@ -14,7 +16,7 @@ from sketches.ranges import RangePartition
 from sketches.sketch import SketchPart
 from sketches.sql import TableRef
 from sketches.sql.parse import print_checked, same_tree
-from sketches.sql.rewrite import SkipFilter, add_skip_filters
+from sketches.sql.rewrite import Range, SkipFilter, add_skip_filters, print_skip_filters
 
 P = RangePartition("public", "t", "a", "integer", (10, 20, 30, 40), ("10", "20", "30", "40"),
                    "{10,20,30,40}")
@@ -78,7 +80,7 @@ def test_predicate_goes_into_the_scope_of_the_table_with_its_alias() -> None:
     text = instrument("SELECT q.a, count(*) FROM (SELECT x.a FROM t x WHERE x.b > $1) q"
                       " GROUP BY q.a HAVING count(*) > $2", [part({2}, inner)])
     assert text == ("SELECT q.a, count(*) FROM (SELECT x.a FROM t AS x WHERE x.b > $1"
-                    " AND (x.a >= CAST('20' AS integer) AND x.a < CAST('30' AS integer))) AS q"
+                    " AND x.a >= CAST('20' AS integer) AND x.a < CAST('30' AS integer)) AS q"
                     " GROUP BY q.a HAVING count(*) > $2")
 
 
@@ -129,3 +131,42 @@ def test_same_tree_treats_unset_defaults_alike() -> None:
     b = parse_sql("SELECT  1  FROM  t")[0].stmt
     assert same_tree(a, b)
     assert not same_tree(a, parse_sql("SELECT 2 FROM t")[0].stmt)
+
+
+_QUERIES = (
+    ("SELECT a FROM t", ((0, "t"),)),
+    ("SELECT a FROM t WHERE b = 1 OR c = 2", ((0, "t"),)),
+    ("SELECT t.a, count(*) FROM t JOIN u ON t.a = u.x WHERE u.r < $1 GROUP BY t.a"
+     " HAVING count(*) > $2", ((0, "t"), (0, "u"))),
+    ("SELECT q.a, y.b FROM (SELECT x.a, x.b FROM t x WHERE x.b > 1 AND x.c < 2) q,"
+     " (SELECT * FROM u) y WHERE q.a > y.b ORDER BY 2 DESC LIMIT 5",
+     ((0, "y"), (1, "x"), (2, "u"))),
+)
+_BOUNDS = st.one_of(st.none(), st.integers(-5, 60).map(str),
+                    st.text(alphabet="ab'\\\"% z", max_size=4))
+
+
+@st.composite
+def _filters(draw: st.DrawFn) -> tuple[str, list[SkipFilter]]:
+    sql, aliases = draw(st.sampled_from(_QUERIES))
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        scope, alias = draw(st.sampled_from(aliases))
+        type_name = draw(st.sampled_from(["integer", "bigint", "text", "numeric"]))
+        ranges = draw(st.lists(st.builds(Range, _BOUNDS, _BOUNDS), max_size=6))
+        if type_name != "text":
+            ranges = [Range(*(b if b is None or b.lstrip("-").isdigit() else "7"
+                              for b in (r.lo, r.hi))) for r in ranges]
+        out.append(SkipFilter(scope, alias, draw(st.sampled_from(["a", "x"])),
+                              type_name, tuple(ranges), draw(st.booleans())))
+    return sql, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_filters())
+def test_assembled_text_equals_the_whole_statement_printed(
+        case: tuple[str, list[SkipFilter]]) -> None:
+    """The placeholder assembly of :func:`add_skip_filters` gives exactly the text of printing
+    the whole rewritten tree (:func:`print_skip_filters`): same parentheses, same literals."""
+    sql, filters = case
+    assert add_skip_filters(sql, filters) == print_skip_filters(sql, filters)

@@ -22,10 +22,11 @@ class Project(Operator):
 
     def __init__(self, exprs: Sequence[Expr | int]) -> None:
         self.exprs: tuple[Expr, ...] = tuple(Col(e) if isinstance(e, int) else e for e in exprs)
-        self._project = _projection(self.exprs)
+        self.project_row = _projection(self.exprs)
+        """The projection of one row (for an operator that takes it row by row)."""
 
     def step(self, delta: ZSet) -> ZSet:
-        project = self._project
+        project = self.project_row
         out: dict[tuple[Row, Ann], int] = {}
         get = out.get
         for (row, ann), w in delta.items():

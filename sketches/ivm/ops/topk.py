@@ -181,41 +181,25 @@ class TopK(Operator):
         self._bound_of: Row | None = None          # the row _bound_key was computed from
         self._bound_key: tuple[object, ...] = ()
 
-    def _inside(self, okey: tuple[object, ...]) -> bool:
+    def _bound(self) -> tuple[object, ...] | None:
+        """The O-key beyond which tuples are not tracked; None when the map is complete."""
         if self.complete:
-            return True
+            return None
         bound = self.bound_row
         assert bound is not None
         if bound is not self._bound_of:   # the bound's O-key, computed once per bound row
             self._bound_key, self._bound_of = self._okey(bound), bound
-        return bool(okey <= self._bound_key)
+        return self._bound_key
 
     def top(self) -> ZSet:
         return top_with_ties(self.entries.items(), self.k)
 
-    def _add(self, row: Row, ann: Ann, weight: int) -> None:
-        okey = self._okey(row)
-        if not self._inside(okey):
-            return
-        bucket = self.entries.get(okey)
-        if bucket is None:
-            bucket = self.entries[okey] = {}
-        m = bucket.get((row, ann), 0) + weight
-        if m < 0:
-            raise InconsistentDelta(f"top-k: tuple {row!r} deleted more often than present")
-        if m:
-            bucket[(row, ann)] = m
-        else:
-            del bucket[(row, ann)]
-            if not bucket:
-                del self.entries[okey]
-        self.total += weight
-
-    def step(self, delta: ZSet) -> ZSet:
+    def step(self, delta: ZSet, project: Callable[[Row], Row] | None = None) -> ZSet:
+        """The delta rule above; ``project`` maps each delta row first (the ORDER BY
+        projection under the top-k, applied here instead of building its Z-set). It must not
+        map two rows of one delta to the same row (the pipeline's keeps every column)."""
         before = self.top()
-        add = self._add
-        for (row, ann), w in delta.items():
-            add(row, ann, w)
+        self._add_all(delta, project)
         if not self.complete and self.total < self.k:
             if self.refill is None:
                 raise BufferExhausted(self.kind, [()])
@@ -225,6 +209,37 @@ class TopK(Operator):
         self._trim()
         after = self.top()
         return after - before if after != before else ZSet()
+
+    def _add_all(self, entries: Iterable[Entry],
+                 project: Callable[[Row], Row] | None = None) -> None:
+        """Adds each ``(row, ann, weight)`` (its row mapped by ``project``) whose O-key is
+        within the bound; tuples beyond it are not tracked. One loop for all: for most rows
+        of a large delta the O-key is all the work (the bound moves only in :meth:`_trim`
+        and :meth:`load`, never while adding)."""
+        okey_of, tracked = self._okey, self.entries
+        bound = self._bound()
+        total = self.total
+        for row, ann, w in entries:
+            if project is not None:
+                row = project(row)
+            okey = okey_of(row)
+            if bound is not None and not okey <= bound:
+                continue
+            bucket = tracked.get(okey)
+            if bucket is None:
+                bucket = tracked[okey] = {}
+            m = bucket.get((row, ann), 0) + w
+            if m > 0:
+                bucket[(row, ann)] = m
+            elif m == 0:
+                del bucket[(row, ann)]
+                if not bucket:
+                    del tracked[okey]
+            else:
+                self.total = total
+                raise InconsistentDelta(f"top-k: tuple {row!r} deleted more often than present")
+            total += w
+        self.total = total
 
     def _trim(self) -> None:
         if self.buffer_limit is None:
@@ -247,8 +262,7 @@ class TopK(Operator):
         self.entries = SortedDict()
         self.total = 0
         self.complete = True
-        for row, ann, w in entries:
-            self._add(row, ann, w)
+        self._add_all(entries)
         self.complete = complete or not self.entries
         self.bound_row = None
         if not self.complete:
@@ -270,7 +284,6 @@ class TopK(Operator):
         self.entries = SortedDict()
         self.total = 0
         self.complete = True
-        for r, a, m in state["entries"]:
-            self._add(decode_row(r), decode_ann(a), int(m))
+        self._add_all((decode_row(r), decode_ann(a), int(m)) for r, a, m in state["entries"])
         self.complete = bool(state["complete"])
         self.bound_row = None if state["bound"] is None else decode_row(state["bound"])

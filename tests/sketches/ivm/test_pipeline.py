@@ -662,7 +662,7 @@ def test_delta_reads_keep_the_callers_settings(db: str, warm: bool) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("INSERT INTO r VALUES (1001, 2, 5)")
         c.execute("INSERT INTO s VALUES (1001, 1001, 1)")
-    names = ("max_parallel_workers_per_gather", "jit", "plan_cache_mode")
+    names = ("max_parallel_workers_per_gather", "jit", "plan_cache_mode", "enable_nestloop")
     with snapshot_conn(db) as c:
         c.execute("SET LOCAL max_parallel_workers_per_gather = 3")
         c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -673,6 +673,40 @@ def test_delta_reads_keep_the_callers_settings(db: str, warm: bool) -> None:
         assert after == before
         assert c.execute("SELECT count(*) FROM r WHERE id = 1001").fetchone() == (1,)
         c.commit()
+
+
+def _nestloop_for_delta(db: str, pipe: Pipeline) -> str:
+    """``enable_nestloop`` as the join delta's setup leaves it, in a fresh snapshot."""
+    assert pipe._queries is not None and pipe._queries[0].setup is not None
+    with snapshot_conn(db) as c:
+        with deltas.read_settings(c):
+            c.execute(pipe._queries[0].setup, {"since": pipe.version})
+            row = c.execute("SELECT current_setting('enable_nestloop')").fetchone()
+        c.commit()
+    assert row is not None
+    return str(row[0])
+
+
+def test_join_delta_hashes_small_partners_of_a_large_delta(db: str) -> None:
+    """A join's delta read turns nested loops off when every table's delta is at least an
+    eighth of its partners' rows (partials.PROBE_COST), and only then: the planner expects
+    one row per transaction's xid and would probe the partners once per delta row. The
+    maintained sketch stays exact either way."""
+    reset(db, ("r", "s"), seed_join)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("INSERT INTO r SELECT i, i % 5, i FROM generate_series(100, 899) AS i")
+        c.execute("ANALYZE r, s")
+    pipe = build(db, JOIN_PREAGG)
+    with snapshot_conn(db) as c:   # builds the delta queries (partner sizes as of now)
+        pipe.maintain(c)
+        c.commit()
+    with psycopg.connect(db, autocommit=True) as c:   # 5 rows of r (≥ 20 rows of s / 8)
+        c.execute("INSERT INTO r SELECT i, i % 5, 4 FROM generate_series(2001, 2005) AS i")
+    assert _nestloop_for_delta(db, pipe) == "off"
+    with psycopg.connect(db, autocommit=True) as c:   # 1 row of s (< 808 rows of r / 8)
+        c.execute("INSERT INTO s VALUES (2001, 2001, 1)")
+    assert _nestloop_for_delta(db, pipe) == "on"
+    check(db, pipe, JOIN_PREAGG)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
