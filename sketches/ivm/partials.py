@@ -147,8 +147,8 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
         cap = -(-(sum(sizes) - sizes[pos]) // PROBE_COST)
         counted = _counted(conn, t, info, min(max(cap, 1), MAX_COUNTED))
         conds.append(sql.SQL("{n} = 0").format(n=counted) if cap > MAX_COUNTED else
-                     sql.SQL("({n} = 0 OR {n} >= {cap})").format(n=counted,
-                                                                 cap=sql.Literal(cap)))
+                     sql.SQL("(SELECT _n = 0 OR _n >= {cap} FROM (SELECT {n} AS _n) AS _c)")
+                     .format(n=counted, cap=sql.Literal(cap)))
     return sql.SQL("SELECT set_config('enable_nestloop', CASE WHEN {} THEN 'off'"
                    " ELSE current_setting('enable_nestloop') END, true)").format(
         sql.SQL(" AND ").join(conds))
@@ -164,9 +164,12 @@ def _delta_rows(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composa
 
 
 def _counted(conn: Conn, t: TableSpec, info: deltas.TableInfo, limit: int) -> sql.Composable:
-    """The number of ``t``'s delta rows, counted up to ``limit``."""
-    return sql.SQL("(SELECT count(*) FROM (SELECT 1 {} LIMIT {}) AS _n)").format(
-        _delta_rows(conn, t, info), sql.Literal(limit))
+    """The number of ``t``'s delta rows, counted up to ``limit``, newest first (see
+    :func:`_has_delta`: with a bare ``LIMIT`` the planner scans the audit table from its
+    start)."""
+    return sql.SQL("(SELECT count(*) FROM (SELECT 1 {} ORDER BY {} DESC LIMIT {}) AS _n)").format(
+        _delta_rows(conn, t, info), deltas.escaped(conn, sql.Identifier(t.alias, "_xid")),
+        sql.Literal(limit))
 
 
 def _has_delta(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composable:

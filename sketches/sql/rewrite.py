@@ -249,8 +249,8 @@ def _predicate_text(f: SkipFilter) -> tuple[str, bool]:
 def add_skip_filters(sql: str, filters: Sequence[SkipFilter]) -> str:
     """:func:`print_skip_filters`, assembled from the statement printed once per query text
     with placeholders (:func:`_skeleton`) and each predicate printed on its own, parenthesised
-    as the printer does it for an operand of AND (an OR; an AND joins the list). The text is the same (the tests compare the
-    two on generated filters).
+    as the printer does it for an operand of AND (an OR; an AND joins the list). The text is
+    the same (the tests compare the two on generated filters).
 
     Why: a maintained sketch changes its fragments with every delta, so the whole statement
     was printed and re-parsed again for every change (1.5-3 ms each, a tenth of a top-k
