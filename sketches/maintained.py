@@ -337,7 +337,8 @@ class IncrementalMaintenance:
     def _share(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
                pipeline: Pipeline) -> tuple[frozenset[int], ...] | None:
         """Gives ``entry`` (a capture, not yet stored) a head on the pipeline of a sketch of
-        its template that differs only in HAVING (``Pipeline.shares_with``), brought to this
+        its template that differs only in HAVING, or only in the k of a top-k over groups
+        (``Pipeline.shares_with``), brought to this
         snapshot: one aggregation maintained for both, and no build of a state. Returns the
         head's sketch, None when no pipeline can be shared (then ``pipeline``, compiled for
         the entry, gets its own state)."""

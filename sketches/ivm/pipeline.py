@@ -114,11 +114,16 @@ class _PgJoinBackend:
 @dataclass(eq=False)
 class Head:
     """A further sketch of a pipeline (:meth:`Pipeline.add_head`): the plan of its query, its
-    HAVING and its merge. Compared by identity."""
+    HAVING (a head of a pipeline without top-k) or its ``k`` (a head of a top-k over groups)
+    and its merge. Compared by identity."""
 
     spec: PlanSpec
     having: Having | None
     merge: Merge
+
+    @property
+    def k(self) -> int | None:
+        return self.spec.k
 
     def step(self, out: ZSet) -> SketchDelta:
         """Merges the aggregate's output delta ``out`` that passes this head's HAVING."""
@@ -476,10 +481,19 @@ class Pipeline:
         return best_with_ties(project.step(out), top.order, top.buffer_limit)
 
     def _above_aggregate(self, out: ZSet) -> ZSet:
+        """HAVING and top-k over the aggregate's output delta; a top-k's heads merge the
+        change of their own top (read from the same buffer)."""
         if self.having is not None:
             out = self.having.step(out)
-        if self.topk is not None and self.order_project is not None:
-            out = self.topk.step(out, self.order_project.project_row)
+        top = self.topk
+        if top is not None and self.order_project is not None:
+            heads = self.heads
+            before = [top.top(h.k) for h in heads]
+            out = top.step(out, self.order_project.project_row)
+            for head, old in zip(heads, before, strict=True):
+                new = top.top(head.k)
+                if new != old:
+                    head.merge.step(new - old)
         return out
 
     # ---- maintenance ---------------------------------------------------------------------
@@ -614,36 +628,54 @@ class Pipeline:
 
         def unfused() -> SketchDelta:
             out = agg.step_partials(changes, values)
-            for head in heads:
-                head.step(out)
+            if self.topk is None:
+                for head in heads:
+                    head.step(out)
             return self.merge.step(self._above_aggregate(out))
         return self._advance(conn, current, unfused)
 
     # ---- heads: sketches sharing this pipeline's aggregation ----------------------------
     def shares_with(self, spec: PlanSpec) -> bool:
         """Can ``spec``'s sketch be a head of this pipeline? When both are grouped aggregates
-        read pre-aggregated, without top-k, that differ in their HAVING only, and this
-        pipeline has a consistent state."""
-        return (self.version is not None and not self.broken and self.aggregate is not None
-                and self.topk is None and spec.k is None and self._preaggregated()
-                and dataclasses.replace(spec, having=None)
-                == dataclasses.replace(self.spec, having=None))
+        read pre-aggregated that differ only in their HAVING (without top-k) or only in the
+        ``k`` of a top-k over groups (at most this top-k's buffer), and this pipeline has a
+        consistent state."""
+        if self.version is None or self.broken or self.aggregate is None \
+                or not self._preaggregated():
+            return False
+        top = self.topk
+        if top is None:
+            return spec.k is None and (dataclasses.replace(spec, having=None)
+                                       == dataclasses.replace(self.spec, having=None))
+        return (spec.k is not None and top.buffer_limit is not None
+                and spec.k <= top.buffer_limit
+                and dataclasses.replace(spec, k=None) == dataclasses.replace(self.spec, k=None))
 
     def add_head(self, spec: PlanSpec) -> Head:
-        """A new head for ``spec`` (:meth:`shares_with`), its merge built from the aggregate's
-        current state: the sketch of ``spec``'s query at this pipeline's version."""
+        """A new head for ``spec`` (:meth:`shares_with`), its merge built from the current
+        state: the sketch of ``spec``'s query at this pipeline's version."""
         if not self.shares_with(spec):
             raise ValueError("the plan does not share this pipeline's aggregation")
         agg = self.aggregate
         assert agg is not None
-        head = Head(spec, Having(spec.having) if spec.having is not None else None,
-                    Merge(self.spec.slots))
-        head.step(agg.current_output())
+        top = self.topk
+        head = Head(spec, Having(spec.having) if spec.having is not None and top is None
+                    else None, Merge(self.spec.slots))
+        if top is None:
+            head.step(agg.current_output())
+        else:
+            assert spec.k is not None
+            top.need = max(top.need, spec.k)
+            if not top.complete and top.total < top.need:
+                top.load(*self._refill_top_groups())
+            head.merge.step(top.top(spec.k))
         self.heads = [*self.heads, head]  # a new list: a step in progress keeps its own
         return head
 
     def drop_head(self, head: Head) -> None:
         self.heads = [h for h in self.heads if h is not head]
+        if self.topk is not None:
+            self.topk.need = max([self.topk.k, *(h.k or 0 for h in self.heads)])
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""

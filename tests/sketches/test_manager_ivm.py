@@ -308,18 +308,29 @@ def pipelines(m: SketchManager) -> dict[int | None, Any]:
     return {e.sketch.id: e.pipeline for _t, e in m.entries()}
 
 
+TOP_SHARED = "SELECT g, sum(v) AS s, count(*) FROM f GROUP BY g ORDER BY s DESC, g LIMIT {}"
+SHARING = {  # (query, parameters) of the stricter and of the looser instance
+    "having": ((SHARED, (530,)), (SHARED, (450,))),
+    "topk": ((TOP_SHARED.format(2), None), (TOP_SHARED.format(5), None)),
+}
+
+
 @pytest.mark.parametrize("share", [True, False])
-def test_sketches_differing_in_having_share_one_aggregation(conn: Conn, share: bool) -> None:
-    """A looser threshold's sketch (not servable by the stricter one) gets a head on the
-    stricter sketch's pipeline: no state build, and each delta maintained once for both.
-    Both stay exact through writes that move rows across groups and empty a group, and the
-    state persisted for the second one is its own (a second manager resumes from it)."""
+@pytest.mark.parametrize("shape", sorted(SHARING))
+def test_sketches_differing_in_having_share_one_aggregation(conn: Conn, shape: str,
+                                                            share: bool) -> None:
+    """A looser threshold's (or larger k's) sketch, not servable by the stricter one, gets a
+    head on the stricter sketch's pipeline: no state build, and each delta maintained once
+    for both. Both stay exact through writes that move rows across groups and empty a group,
+    and the state persisted for the second one is its own (a second manager resumes from
+    it)."""
+    (strict_sql, strict_args), (loose_sql, loose_args) = SHARING[shape]
     m = SketchManager(SketchSettings(fragments=10, strategy="lazy", share_state=share))
     m2 = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
     try:
         m.drop_all(conn)
-        strict = check(m, conn, SHARED, (530,))
-        loose = check(m, conn, SHARED, (450,))
+        strict = check(m, conn, strict_sql, strict_args)
+        loose = check(m, conn, loose_sql, loose_args)
         assert strict.decision == loose.decision == "capture"
         assert strict.sketch_id != loose.sketch_id
         same = pipelines(m)[strict.sketch_id] is pipelines(m)[loose.sketch_id]
@@ -332,20 +343,22 @@ def test_sketches_differing_in_having_share_one_aggregation(conn: Conn, share: b
                 ("UPDATE f SET v = v + 20 WHERE g = %s", (8,))]):
             conn.execute(write, args)
             before = m.stats().get("maintenances", 0)
-            assert check(m, conn, SHARED, (530,), exact=True).sketch_id == strict.sketch_id
-            assert check(m, conn, SHARED, (450,), exact=True).sketch_id == loose.sketch_id
+            assert check(m, conn, strict_sql, strict_args, exact=True).sketch_id \
+                == strict.sketch_id
+            assert check(m, conn, loose_sql, loose_args, exact=True).sketch_id \
+                == loose.sketch_id
             assert m.stats()["maintenances"] == before + (1 if share else 2), i
         # the second manager loads each sketch's own persisted state and maintains it on
-        assert check(m2, conn, SHARED, (450,)).sketch_id == loose.sketch_id
+        assert check(m2, conn, loose_sql, loose_args).sketch_id == loose.sketch_id
         assert m2.stats().get("states_loaded", 0) == 1
         conn.execute("DELETE FROM f WHERE g = %s", (9,))
-        assert check(m2, conn, SHARED, (450,), exact=True).decision == "use"
-        assert check(m, conn, SHARED, (450,), exact=True).decision == "use"
+        assert check(m2, conn, loose_sql, loose_args, exact=True).decision == "use"
+        assert check(m, conn, loose_sql, loose_args, exact=True).decision == "use"
         # a dropped sketch's head is no longer maintained
         assert m.drop(conn, loose.sketch_id)
         shared = pipelines(m)[strict.sketch_id]
         assert shared is not None and shared.heads == []
-        assert check(m, conn, SHARED, (530,)).decision == "use"
+        assert check(m, conn, strict_sql, strict_args).decision == "use"
     finally:
         m.close()
         m2.close()
@@ -531,13 +544,17 @@ class UpdateSequences(RuleBasedStateMachine):
     maintained: list[int] = []
 
 
-SHARED_THRESHOLDS = (570, 450, 300)
+SHARED_INSTANCES: tuple[tuple[tuple[str, tuple[object, ...] | None], ...], ...] = (
+    tuple((SHARED, (t,)) for t in (570, 450, 300)),
+    tuple((TOP_SHARED.format(k), None) for k in (2, 5, 8)),
+)
 
 
 class SharedSequences(UpdateSequences):
-    """The same random writes with three HAVING thresholds of one template captured strictest
-    first, so the two looser ones become heads of the first one's pipeline; each must stay
-    exactly the freshly captured sketch, through restarts (which reload them unshared) too."""
+    """The same random writes with three HAVING thresholds of one template and three k of a
+    top-k over groups of another, each captured strictest first, so the two looser ones
+    become heads of the first one's pipeline; each must stay exactly the freshly captured
+    sketch, through restarts (which reload them unshared) too."""
 
     shared_ids: dict[int, int] = {}
 
@@ -545,9 +562,10 @@ class SharedSequences(UpdateSequences):
     def start(self) -> None:
         super().start()
         assert self.ids
-        self.shared_ids = {t: check(self.m, self.conn, SHARED, (t,)).sketch_id or 0
-                           for t in SHARED_THRESHOLDS}
-        assert self.m.stats().get("shared_states", 0) == len(SHARED_THRESHOLDS) - 1
+        self.shared_ids = {i: check(self.m, self.conn, q, args).sketch_id or 0
+                           for i, (q, args) in enumerate(_shared_instances())}
+        heads = sum(len(group) - 1 for group in SHARED_INSTANCES)
+        assert self.m.stats().get("shared_states", 0) == heads
 
     def expected_ids(self) -> set[int]:
         return super().expected_ids() | set(self.shared_ids.values())
@@ -556,9 +574,13 @@ class SharedSequences(UpdateSequences):
     def shared_exact(self) -> None:
         if not self.shared_ids:
             return
-        for t in SHARED_THRESHOLDS:
-            p = check(self.m, self.conn, SHARED, (t,), exact=True)
-            assert p.sketch_id == self.shared_ids[t]
+        for i, (q, args) in enumerate(_shared_instances()):
+            p = check(self.m, self.conn, q, args, exact=True)
+            assert p.sketch_id == self.shared_ids[i]
+
+
+def _shared_instances() -> list[tuple[str, tuple[object, ...] | None]]:
+    return [instance for group in SHARED_INSTANCES for instance in group]
 
 
 @pytest.mark.slow

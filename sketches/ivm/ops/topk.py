@@ -177,6 +177,9 @@ class TopK(Operator):
         self.total = 0
         self.complete = True
         self.bound_row: Row | None = None          # a row whose O-key is the bound
+        self.need = k
+        """Tuples the map must hold unless complete (refilled below): ``k``, or more when other
+        sketches read a larger top from it (``Pipeline.add_head``); at most ``buffer_limit``."""
         self._okey = order_key_function(self.order)
         self._bound_of: Row | None = None          # the row _bound_key was computed from
         self._bound_key: tuple[object, ...] = ()
@@ -191,8 +194,10 @@ class TopK(Operator):
             self._bound_key, self._bound_of = self._okey(bound), bound
         return self._bound_key
 
-    def top(self) -> ZSet:
-        return top_with_ties(self.entries.items(), self.k)
+    def top(self, k: int | None = None) -> ZSet:
+        """The output: the first ``k`` tuples (default: the operator's own ``k``) with ties;
+        exact for any ``k <= need``."""
+        return top_with_ties(self.entries.items(), self.k if k is None else k)
 
     def step(self, delta: ZSet, project: Callable[[Row], Row] | None = None) -> ZSet:
         """The delta rule above; ``project`` maps each delta row first (the ORDER BY
@@ -200,11 +205,11 @@ class TopK(Operator):
         map two rows of one delta to the same row (the pipeline's keeps every column)."""
         before = self.top()
         self._add_all(delta, project)
-        if not self.complete and self.total < self.k:
+        if not self.complete and self.total < self.need:
             if self.refill is None:
                 raise BufferExhausted(self.kind, [()])
             self.load(*self.refill())
-            if not self.complete and self.total < self.k:
+            if not self.complete and self.total < self.need:
                 raise BufferExhausted(self.kind, [()])
         self._trim()
         after = self.top()

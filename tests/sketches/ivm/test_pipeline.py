@@ -570,15 +570,33 @@ def having_variant(case: Case, old: str, new: str) -> Case:
                                exact=case.exact.replace(old, new))
 
 
-SHARED_CASES = {
-    "single": (PREAGG, "sum(t.v) > 14 OR avg(t.w) = 2.5 OR count(t.w) < 2",
-               ("sum(t.v) > 4 OR avg(t.w) = 1 OR count(t.w) < 1",
-                "sum(t.v) > 30 OR avg(t.w) = 4 OR count(t.w) < 3"),
+def limit_variant(case: Case, k: int) -> Case:
+    """``case`` (a top-k over groups with ``LIMIT 2``) with ``k`` instead."""
+    assert "LIMIT 2" in case.query and "FETCH FIRST 2 ROWS" in case.exact
+    return dataclasses.replace(case, query=case.query.replace("LIMIT 2", f"LIMIT {k}"),
+                               exact=case.exact.replace("FETCH FIRST 2 ROWS",
+                                                        f"FETCH FIRST {k} ROWS"))
+
+
+def _havings(old: str, *new: str) -> Callable[[Case], list[Case]]:
+    return lambda base: [having_variant(base, old, h) for h in new]
+
+
+SHARED_CASES: dict[str, tuple[Case, Callable[[Case], list[Case]], st.SearchStrategy[Any],
+                              Callable[[Conn, tuple[Any, ...]], None], tuple[str, ...],
+                              Callable[[Conn], None]]] = {
+    "single": (PREAGG, _havings("sum(t.v) > 14 OR avg(t.w) = 2.5 OR count(t.w) < 2",
+                                "sum(t.v) > 4 OR avg(t.w) = 1 OR count(t.w) < 1",
+                                "sum(t.v) > 30 OR avg(t.w) = 4 OR count(t.w) < 3"),
                S1_OPS, apply_s1, ("s1",), seed_s1),
-    "join": (JOIN_PREAGG, "sum(s.b) > 5 OR avg(r.a) < 4 OR count(s.b) < 2",
-             ("sum(s.b) > 0 OR avg(r.a) < 2 OR count(s.b) < 1",
-              "sum(s.b) > 12 OR avg(r.a) < 7 OR count(s.b) < 3"),
+    "join": (JOIN_PREAGG, _havings("sum(s.b) > 5 OR avg(r.a) < 4 OR count(s.b) < 2",
+                                   "sum(s.b) > 0 OR avg(r.a) < 2 OR count(s.b) < 1",
+                                   "sum(s.b) > 12 OR avg(r.a) < 7 OR count(s.b) < 3"),
              JOIN_OPS, apply_join, ("r", "s"), seed_join),
+    # k = 1 and 3 read the buffer of k = 2 (3 groups: a larger k raises its refill point)
+    "topk": (with_options(TOPK_GROUPS, topk_buffer=3),
+             lambda base: [limit_variant(base, 1), limit_variant(base, 3)],
+             S1_OPS, apply_s1, ("s1",), seed_s1),
 }
 
 
@@ -588,12 +606,13 @@ SHARED_CASES = {
 @given(data=st.data())
 def test_heads_share_one_aggregation(db: str, shape: str, fuse: bool,
                                      data: st.DataObject) -> None:
-    """Queries differing only in HAVING as heads of one pipeline: after every step each
-    head's sketch is the exact sketch of its own query, and the state persisted for a head
-    is what a pipeline compiled for that query restores and maintains on exactly."""
-    base, having, others, ops, apply, tables, seed = SHARED_CASES[shape]
+    """Queries differing only in HAVING (or only in the k of a top-k over groups) as heads
+    of one pipeline: after every step each head's sketch is the exact sketch of its own
+    query, and the state persisted for a head is what a pipeline compiled for that query
+    restores and maintains on exactly."""
+    base, variants, ops, apply, tables, seed = SHARED_CASES[shape]
     base = with_options(base, fuse_having=fuse)
-    cases = [having_variant(base, having, h) for h in others]
+    cases = variants(base)
     reset(db, tables, seed)
     pipe = build(db, base)
     with snapshot_conn(db) as c:
