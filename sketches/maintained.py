@@ -136,24 +136,30 @@ class IncrementalMaintenance:
         return entry.strategy or self.settings.strategy
 
     def _refresh(self, conn: psycopg.Connection[Any], entry: Entry,
-                 request: MaintenanceRequest,
-                 snapshot: str | None = None) -> Sketch | str | None:
+                 request: MaintenanceRequest, snapshot: str | None = None,
+                 tmpl: Template | None = None) -> Sketch | str | None:
         """The entry's sketch valid in conn's snapshot; None: recapture; a string: pass this
         query through for that reason (the sketch stays). ``snapshot``: conn's transaction
         snapshot when conn is in a REPEATABLE READ / SERIALIZABLE transaction (every later
-        statement of it, the instrumented query's included, sees exactly that), else None."""
+        statement of it, the instrumented query's included, sees exactly that), else None.
+        ``tmpl``: the entry's template (its lock held), whose pipelines a new state may share."""
         if self.strategy_of(entry) not in ("lazy", "eager"):
             return self.maintenance.refresh(conn, entry.sketch, request)
-        if entry.pipeline is None and not self._attach(conn, entry):
+        if entry.pipeline is None and not self._attach(conn, entry, tmpl):
             return self.maintenance.refresh(conn, entry.sketch, request)
         if self._background is None:  # it gave up earlier (database unreachable)
             self._ensure_background()
         return self._maintain(conn, entry, snapshot)
 
-    def _attach(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:
-        """Gives ``entry`` its pipeline: the persisted state (restart), else one built in this
-        snapshot (a capture). False when the engine cannot maintain the query or the tables'
-        tracking is not visible yet."""
+    def _attach(self, conn: psycopg.Connection[Any], entry: Entry,
+                tmpl: Template | None = None) -> bool:
+        """Gives ``entry`` its pipeline: the persisted state (restart), else a head on a
+        pipeline of ``tmpl`` it can share (:meth:`_share`), else one built in this snapshot
+        (a capture). False when the engine cannot maintain the query or the tables' tracking
+        is not visible yet.
+
+        Why share here too: the sketches a template gets before its tables are tracked are
+        captured plainly, and each would build a state of its own at its first maintenance."""
         sketch = entry.sketch
         try:
             if entry.analysis is None:
@@ -179,6 +185,12 @@ class IncrementalMaintenance:
                     return True
             except IvmError as exc:
                 log.info("sketch %s: persisted state unusable (%s): rebuilding", sketch.id, exc)
+        shared = None if tmpl is None else self._share(conn, tmpl, entry, pipeline)
+        if shared is not None:
+            assert entry.pipeline is not None
+            self._apply(entry, shared, entry.pipeline.version or "")
+            self._save_state(conn, entry)
+            return True
         try:
             frags = pipeline.build_state(conn, self._seed(
                 conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
@@ -336,9 +348,9 @@ class IncrementalMaintenance:
 
     def _share(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
                pipeline: Pipeline) -> tuple[frozenset[int], ...] | None:
-        """Gives ``entry`` (a capture, not yet stored) a head on the pipeline of a sketch of
-        its template that differs only in HAVING, or only in the k of a top-k over groups
-        (``Pipeline.shares_with``), brought to this
+        """Gives ``entry`` (a capture, or a sketch without a pipeline yet) a head on the
+        pipeline of a sketch of its template that differs only in HAVING, or only in the k of
+        a top-k over groups (``Pipeline.shares_with``), brought to this
         snapshot: one aggregation maintained for both, and no build of a state. Returns the
         head's sketch, None when no pipeline can be shared (then ``pipeline``, compiled for
         the entry, gets its own state)."""

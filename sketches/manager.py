@@ -266,7 +266,7 @@ class SketchManager(IncrementalMaintenance):
                     continue  # a broad sketch of a looser query: a fresh capture may skip more
                 if self._wants_own(tmpl, entry, runs):
                     break
-            refreshed = self._refresh(conn, entry, request, snapshot)
+            refreshed = self._refresh(conn, entry, request, snapshot, tmpl)
             if isinstance(refreshed, str):
                 return self._passthrough(refreshed)
             if refreshed is None:

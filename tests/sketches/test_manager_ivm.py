@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from psycopg import sql as pgsql
 
 import pg_extensions
 from sketches import lookup
@@ -174,6 +175,45 @@ def test_untracked_tables_are_tracked_in_the_background_then_state_is_built(db: 
             assert again.decision == "use"
             row = entry_of(m, again.sketch_id)
             assert row["maintenances"] == 1 and row["strategy"] == "lazy"
+        finally:
+            m.close()
+
+
+@pytest.mark.parametrize("queries", [
+    ("SELECT g, sum(v) FROM {t} GROUP BY g HAVING sum(v) > 90",
+     "SELECT g, sum(v) FROM {t} GROUP BY g HAVING sum(v) > 60"),
+    ("SELECT g, sum(v) AS s FROM {t} GROUP BY g ORDER BY s DESC, g LIMIT 2",
+     "SELECT g, sum(v) AS s FROM {t} GROUP BY g ORDER BY s DESC, g LIMIT 5"),
+], ids=["having", "topk"])
+def test_sketches_captured_before_tracking_share_one_state(db: str,
+                                                           queries: tuple[str, str]) -> None:
+    """Two sketches of one template captured while their table was not yet tracked (or the
+    second after it was) end up on one pipeline: the first to need a state builds it, the
+    other becomes its head. One state build, one maintenance per delta, both exact."""
+    table = f"nt_{'having' if 'HAVING' in queries[0] else 'topk'}"
+    strict, loose = (q.format(t=table) for q in queries)
+    with psycopg.connect(db, autocommit=True) as c:
+        name = pgsql.Identifier(table)
+        c.execute(pgsql.SQL("CREATE TABLE {} (id int, g int, v int)").format(name))
+        c.execute(pgsql.SQL("INSERT INTO {} SELECT i, i % 30, i % 9"
+                            " FROM generate_series(1, 600) i").format(name))
+        c.execute(pgsql.SQL("ANALYZE {}").format(name))
+        m = SketchManager(SketchSettings(fragments=10, own_sketch_after=1))
+        try:
+            ids = [check(m, c, q, None).sketch_id for q in (strict, loose)]
+            assert None not in ids and ids[0] != ids[1]
+            wait_for(lambda: c.execute("SELECT count(*) FROM imp.tracked_tables WHERE relid ="
+                                       " %s::regclass", (table,)).fetchone() == (1,))
+            for i in range(3):
+                c.execute(pgsql.SQL("INSERT INTO {} VALUES (9000 + %s, 4, 100)").format(name),
+                          (i,))
+                before = m.stats().get("maintenances", 0)
+                for q, sid in zip((strict, loose), ids, strict=True):
+                    assert check(m, c, q, None, exact=True).sketch_id == sid
+                if i:  # the first round attached the states (built in that snapshot)
+                    assert m.stats()["maintenances"] == before + 1
+            assert pipelines(m)[ids[0]] is pipelines(m)[ids[1]] is not None
+            assert m.stats()["state_builds"] == 1 and m.stats()["shared_states"] == 1
         finally:
             m.close()
 
