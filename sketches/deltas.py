@@ -217,11 +217,15 @@ class DeltaQuery:
     text: bytes
     also: tuple[tuple[int, str], ...] = ()
     """(relid, audit table) of further tables the query reads (a join's pre-aggregated delta)."""
-    tuned: bool = False
-    """Run it with :func:`read_settings` (a query joining base tables: its plan matters)."""
     setup: bytes | None = None
     """A statement (parameter ``%(since)s``) to run right before the fetch, under
     :func:`read_settings`: planner settings that depend on the delta's size."""
+
+    @property
+    def tuned(self) -> bool:
+        """Run it with :func:`read_settings` (a query joining base tables, which has a setup:
+        its plan matters)."""
+        return self.setup is not None
 
     @property
     def audits(self) -> tuple[tuple[int, str], ...]:
@@ -352,7 +356,7 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
             probed = conn.execute(_PROBE, (list(relids),))
             fetched = []
             for q in queries:
-                if q.setup is not None and tuned:
+                if q.setup is not None:
                     conn.execute(q.setup, {"since": since})
                 fetched.append(conn.execute(q.text, {"since": since}))
             visible = conn.execute(*_visible_query(audits))

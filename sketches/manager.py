@@ -84,8 +84,8 @@ class SketchSettings:
     fragments (below, the rows a tighter sketch would skip on top cost less than maintaining
     one more sketch);
     ``share_state``: a new sketch of a template whose query differs from an incrementally
-    maintained sketch's only in HAVING shares that sketch's aggregate state (one maintenance
-    per delta for both, no state build at capture)."""
+    maintained sketch's only in HAVING, or only in the k of a top-k over groups, shares that
+    sketch's aggregate state (one maintenance per delta for both, no state build)."""
 
     enabled: bool = True
     fragments: int = 1000

@@ -107,12 +107,11 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
 
 def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable,
              setup: sql.Composable | None = None) -> deltas.DeltaQuery:
-    """``text`` as a query that reads the audit tables of all ``infos`` (tuned, with
-    ``setup`` before it, when given: see :class:`deltas.DeltaQuery`)."""
+    """``text`` as a query that reads the audit tables of all ``infos`` (with ``setup``
+    before it, when given: see :class:`deltas.DeltaQuery`)."""
     first, *rest = infos
     return deltas.DeltaQuery(first.relid, first.audit_table, text.as_bytes(conn),
                              tuple((i.relid, i.audit_table) for i in rest),
-                             tuned=setup is not None,
                              setup=None if setup is None else setup.as_bytes(conn))
 
 
@@ -145,42 +144,38 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
     conds = []
     for pos, (t, info) in enumerate(zip(spec.tables, infos, strict=True)):
         cap = -(-(sum(sizes) - sizes[pos]) // PROBE_COST)
-        counted = _counted(conn, t, info, min(max(cap, 1), MAX_COUNTED))
-        conds.append(sql.SQL("{n} = 0").format(n=counted) if cap > MAX_COUNTED else
-                     sql.SQL("(SELECT _n = 0 OR _n >= {cap} FROM (SELECT {n} AS _n) AS _c)")
+        if cap > MAX_COUNTED:
+            conds.append(sql.SQL("NOT {}").format(_has_delta(conn, t, info)))
+            continue
+        counted = sql.SQL("(SELECT count(*) FROM ({}) AS _n)").format(
+            _newest(conn, t, info, sql.SQL("1"), max(cap, 1)))
+        conds.append(sql.SQL("(SELECT _n = 0 OR _n >= {cap} FROM (SELECT {n} AS _n) AS _c)")
                      .format(n=counted, cap=sql.Literal(cap)))
     return sql.SQL("SELECT set_config('enable_nestloop', CASE WHEN {} THEN 'off'"
                    " ELSE current_setting('enable_nestloop') END, true)").format(
         sql.SQL(" AND ").join(conds))
 
 
-def _delta_rows(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composable:
-    """``FROM audit AS alias WHERE`` the delta filter and ``t``'s own WHERE."""
-    return sql.SQL("FROM {} AS {} WHERE {}").format(
-        deltas.escaped(conn, deltas.audit_source(info)),
+def _newest(conn: Conn, t: TableSpec, info: deltas.TableInfo, output: sql.Composable,
+            limit: int) -> sql.Composable:
+    """``SELECT output`` of at most ``limit`` of ``t``'s delta rows (passing its own WHERE),
+    newest first down the ``_xid`` index.
+
+    Why newest first: for ``EXISTS`` or a bare ``LIMIT`` the planner expects matching rows
+    spread over the audit table and scans it from the start, while the delta rows are the
+    newest, at its end — a scan of the whole table that grows until garbage collection."""
+    return sql.SQL("SELECT {} FROM {} AS {} WHERE {} ORDER BY {} DESC LIMIT {}").format(
+        output, deltas.escaped(conn, deltas.audit_source(info)),
         deltas.escaped(conn, sql.Identifier(t.alias)),
         sql.SQL(" AND ").join([deltas.param_delta_filter(conn, t.alias),
-                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]))
-
-
-def _counted(conn: Conn, t: TableSpec, info: deltas.TableInfo, limit: int) -> sql.Composable:
-    """The number of ``t``'s delta rows, counted up to ``limit``, newest first (see
-    :func:`_has_delta`: with a bare ``LIMIT`` the planner scans the audit table from its
-    start)."""
-    return sql.SQL("(SELECT count(*) FROM (SELECT 1 {} ORDER BY {} DESC LIMIT {}) AS _n)").format(
-        _delta_rows(conn, t, info), deltas.escaped(conn, sql.Identifier(t.alias, "_xid")),
-        sql.Literal(limit))
+                               *(sql.SQL("({})").format(_text(w)) for w in t.where)]),
+        deltas.escaped(conn, sql.Identifier(t.alias, "_xid")), sql.Literal(limit))
 
 
 def _has_delta(conn: Conn, t: TableSpec, info: deltas.TableInfo) -> sql.Composable:
-    """Is there a delta row of ``t`` that passes its own WHERE?
-
-    Not ``EXISTS``: for it the planner expects matching rows spread over the audit table and
-    scans it from the start, while the delta rows are the newest, at its end — a scan of the
-    whole table that grows until garbage collection. Newest first down the ``_xid`` index, the
-    first row read decides."""
-    return sql.SQL("coalesce((SELECT true {} ORDER BY {} DESC LIMIT 1), false)").format(
-        _delta_rows(conn, t, info), deltas.escaped(conn, sql.Identifier(t.alias, "_xid")))
+    """Is there a delta row of ``t`` that passes its own WHERE? (The first row read
+    decides.)"""
+    return sql.SQL("coalesce(({}), false)").format(_newest(conn, t, info, sql.SQL("true"), 1))
 
 
 def touched_query(conn: Conn, spec: PlanSpec,

@@ -14,7 +14,8 @@ never commits):
 * ``sketch()``: the current fragment sets (one per target, in target order).
 * ``snapshot()`` / ``restore()``: JSON-able state (see :mod:`sketches.ivm.state`).
 * ``add_head(spec)``: a further sketch over the same aggregation (a query that differs only in
-  its HAVING) maintained by the same steps: its own HAVING and merge, one aggregate state.
+  its HAVING, or only in the k of a top-k over groups) maintained by the same steps: its own
+  HAVING or k and its own merge, one aggregate state (and one top-k buffer).
 
 Any exception inside ``maintain`` after the first operator stepped leaves the in-memory state
 half-updated: the pipeline marks itself broken and later calls raise :class:`PipelineBroken`.
@@ -481,13 +482,17 @@ class Pipeline:
         return best_with_ties(project.step(out), top.order, top.buffer_limit)
 
     def _above_aggregate(self, out: ZSet) -> ZSet:
-        """HAVING and top-k over the aggregate's output delta; a top-k's heads merge the
-        change of their own top (read from the same buffer)."""
+        """HAVING and top-k over the aggregate's output delta ``out``, and the heads: a head
+        of a pipeline without top-k merges ``out`` through its own HAVING, a top-k's head the
+        change of its own top (read from the same buffer)."""
+        heads = self.heads
+        top = self.topk
+        if top is None:
+            for head in heads:
+                head.step(out)
         if self.having is not None:
             out = self.having.step(out)
-        top = self.topk
         if top is not None and self.order_project is not None:
-            heads = self.heads
             before = [top.top(h.k) for h in heads]
             out = top.step(out, self.order_project.project_row)
             for head, old in zip(heads, before, strict=True):
@@ -616,8 +621,9 @@ class Pipeline:
             self.version = current
             return empty
         self.applied = len(changes)
-        heads = self.heads
         if self.topk is None and self.spec.options.fuse_having:
+            heads = self.heads
+
             def fused() -> SketchDelta:
                 first, *rest = agg.step_sketch(changes, values, _test(self.having),
                                                [_test(h.having) for h in heads])
@@ -625,14 +631,8 @@ class Pipeline:
                     head.merge.apply(change)
                 return self.merge.apply(first)
             return self._advance(conn, current, fused)
-
-        def unfused() -> SketchDelta:
-            out = agg.step_partials(changes, values)
-            if self.topk is None:
-                for head in heads:
-                    head.step(out)
-            return self.merge.step(self._above_aggregate(out))
-        return self._advance(conn, current, unfused)
+        return self._advance(conn, current, lambda: self.merge.step(
+            self._above_aggregate(agg.step_partials(changes, values))))
 
     # ---- heads: sketches sharing this pipeline's aggregation ----------------------------
     def shares_with(self, spec: PlanSpec) -> bool:
@@ -665,17 +665,22 @@ class Pipeline:
             head.step(agg.current_output())
         else:
             assert spec.k is not None
-            top.need = max(top.need, spec.k)
+            top.need = max(top.need, spec.k)   # its top exact before it is listed
             if not top.complete and top.total < top.need:
                 top.load(*self._refill_top_groups())
             head.merge.step(top.top(spec.k))
-        self.heads = [*self.heads, head]  # a new list: a step in progress keeps its own
+        self._set_heads([*self.heads, head])
         return head
 
     def drop_head(self, head: Head) -> None:
-        self.heads = [h for h in self.heads if h is not head]
+        self._set_heads([h for h in self.heads if h is not head])
+
+    def _set_heads(self, heads: list[Head]) -> None:
+        """A new list (a step in progress keeps its own); a top-k buffer holds at least the
+        largest k read from it."""
+        self.heads = heads
         if self.topk is not None:
-            self.topk.need = max([self.topk.k, *(h.k or 0 for h in self.heads)])
+            self.topk.need = max([self.topk.k, *(h.k or 0 for h in heads)])
 
     def _unpushed(self, t: TableSpec) -> bool:
         """True when ``t``'s delta fetch carries its WHERE value instead of filtering by it."""
