@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -139,13 +140,30 @@ class Probe:
 
 _PROBE = sql.SQL(
     "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint,"
-    " (SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
+    " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
-    "  WHERE c.oid = t.audit_table), t.epoch"
+    "  WHERE c.oid = t.audit_table), t.epoch, {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
     " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid) AS s"
-    " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY(%s::bigint[])")
+    " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY({relids}::bigint[])")
+
+_AUDITS_VISIBLE = sql.SQL(
+    "(SELECT array_agg(EXISTS (SELECT 1 FROM pg_catalog.pg_class"
+    " WHERE oid = to_regclass(u.n)) ORDER BY u.i)"
+    " FROM unnest({}::text[]) WITH ORDINALITY AS u(n, i))")
+
+
+@lru_cache(maxsize=256)
+def _probe_query(relids: tuple[int, ...], audits: tuple[str, ...] | None) -> sql.Composed:
+    """The probe of ``relids``, and when ``audits`` is given the check of
+    :func:`_check_audits_visible` as its last column.
+
+    Why literals, not parameters: a statement without parameters keeps one generic plan once
+    psycopg has prepared it, where PostgreSQL re-plans an array parameter on every call (the
+    catalog joins make that most of the probe's time)."""
+    visible = sql.NULL if audits is None else _AUDITS_VISIBLE.format(sql.Literal(list(audits)))
+    return _PROBE.format(visible=visible, relids=sql.Literal(list(relids)))
 
 
 def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
@@ -155,7 +173,7 @@ def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
     A transaction without an xid has written nothing, so no audit row can carry its xid:
     :func:`check_own_writes` would find none (``_xid = NULL`` is never true)."""
     try:
-        rows = conn.execute(_PROBE, (list(relids),)).fetchall()
+        rows = conn.execute(_probe_query(tuple(relids), None)).fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise NotTracked("schema imp is not installed") from exc
     return _probe_result(conn, rows)
@@ -276,32 +294,28 @@ def fetch_query(conn: psycopg.Connection[Any], query: DeltaQuery,
     if query.setup is not None:  # the caller runs a query with a setup in read_settings
         conn.execute(query.setup, {"since": since})
     rows = conn.execute(query.text, {"since": since}).fetchall()
-    _check_audits_visible(query.audits, conn.execute(*_visible_query(query.audits)).fetchone())
+    _check_audits_visible(query.audits, conn.execute(_visible_query(query.audits)).fetchone())
     log.debug("table %s: %d delta rows since %s", query.relid, len(rows), since)
     return rows
 
 
-_AUDITS_VISIBLE = (b"SELECT array_agg(EXISTS (SELECT 1 FROM pg_catalog.pg_class"
-                   b" WHERE oid = to_regclass(u.n)) ORDER BY u.i)"
-                   b" FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)")
-
-
-def _visible_query(audits: Sequence[tuple[int, str]]) -> tuple[bytes, tuple[list[str]]]:
+def _visible_query(audits: Sequence[tuple[int, str]]) -> sql.Composed:
     """The check of :func:`_check_audits_visible` for ``audits`` ((relid, audit table) pairs):
     one statement, to run after the fetches that read them."""
-    return _AUDITS_VISIBLE, ([a for _relid, a in audits],)
+    return sql.SQL("SELECT {}").format(
+        _AUDITS_VISIBLE.format(sql.Literal([a for _relid, a in audits])))
 
 
 def _check_audits_visible(audits: Sequence[tuple[int, str]],
                           row: tuple[Any, ...] | None) -> None:
     """Raises :class:`AuditRebuilt` unless every audit table just read existed in this snapshot
-    (``row``: the result of :func:`_visible_query`).
+    (``row``: a row whose last column is the check of :func:`_visible_query`).
 
     Why after the fetch: the fetch holds ACCESS SHARE on the table it resolved by name until
     the transaction ends, so no DDL can replace it any more; ``to_regclass`` resolves the name
     through the latest catalog (that same table), while the ``pg_class`` scan sees this
     transaction's snapshot. A table created after the snapshot is invisible to the scan."""
-    flags = list(row[0]) if row and row[0] else []
+    flags = list(row[-1]) if row and row[-1] else []
     for i, (relid, audit_table) in enumerate(audits):
         if i >= len(flags) or not flags[i]:
             raise AuditRebuilt(f"audit table {audit_table} of table {relid} was rebuilt "
@@ -336,30 +350,32 @@ def read_settings(conn: psycopg.Connection[Any]) -> Iterator[None]:
 def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
                queries: Sequence[DeltaQuery],
                since: str) -> tuple[Probe, list[list[tuple[Any, ...]]]] | None:
-    """:func:`probe`, then :func:`fetch_query` of every query, in one round trip.
+    """:func:`fetch_query` of every query, then :func:`probe` with the visibility check of
+    the audit tables read, in one round trip.
 
     Pipelined inside a savepoint: a fetch that fails (its audit table dropped since the query
     was built) rolls back to it, leaving the caller's transaction usable, and returns None,
     as does a probe showing another audit table for a query's table. On None the caller goes
-    the long way (probe first), which reports what changed. The visibility check of the audit
-    tables (one statement) runs after the fetches, as in :func:`fetch_query`. If a query is
-    ``tuned``, the reads run with :func:`read_settings`."""
+    the long way (probe first), which reports what changed. The probe may come last: every
+    statement of the transaction reads the same snapshot, and the visibility check must
+    follow the fetches (:func:`_check_audits_visible`). If a query is ``tuned``, the reads run
+    with :func:`read_settings`."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
     audits = list(dict.fromkeys(a for q in queries for a in q.audits))
+    check = _probe_query(tuple(relids), tuple(a for _relid, a in audits))
     try:
         tuned = any(q.tuned for q in queries)
         with conn.pipeline():
             conn.execute(_SAVEPOINT)
             if tuned:
                 conn.execute(_SETTINGS)
-            probed = conn.execute(_PROBE, (list(relids),))
             fetched = []
             for q in queries:
                 if q.setup is not None:
                     conn.execute(q.setup, {"since": since})
                 fetched.append(conn.execute(q.text, {"since": since}))
-            visible = conn.execute(*_visible_query(audits))
+            probed = conn.execute(check)
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
     except psycopg.Error as exc:
@@ -367,12 +383,13 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
         for stmt in _UNDO:
             conn.execute(stmt)
         return None
-    probe = _probe_result(conn, probed.fetchall())
+    rows = probed.fetchall()
+    probe = _probe_result(conn, rows)
     for relid, audit_table in audits:
         info = probe.tables.get(relid)
         if info is None or info.audit_table != audit_table:
             return None
-    _check_audits_visible(audits, visible.fetchone())
+    _check_audits_visible(audits, rows[0])
     return probe, [f.fetchall() for f in fetched]
 
 
