@@ -237,7 +237,8 @@ class DeltaQuery:
     """(relid, audit table) of further tables the query reads (a join's pre-aggregated delta)."""
     setup: bytes | None = None
     """A statement (parameter ``%(since)s``) to run right before the fetch, under
-    :func:`read_settings`: planner settings that depend on the delta's size."""
+    :func:`read_settings`: planner settings that depend on the delta's size, and
+    :data:`READ_SETTINGS`."""
 
     @property
     def tuned(self) -> bool:
@@ -323,24 +324,27 @@ def _check_audits_visible(audits: Sequence[tuple[int, str]],
 
 
 _SAVEPOINT = b"SAVEPOINT _imp_deltas"
-_SETTINGS = (b"SELECT set_config('max_parallel_workers_per_gather', '0', true),"
-             b" set_config('jit', 'off', true),"
-             b" set_config('plan_cache_mode', 'force_custom_plan', true)")
+READ_SETTINGS = ("set_config('max_parallel_workers_per_gather', '0', true),"
+                 " set_config('jit', 'off', true),"
+                 " set_config('plan_cache_mode', 'force_custom_plan', true)")
+"""Columns of a tuned query's setup (:class:`DeltaQuery`), in effect for its fetch and every
+read after it until :func:`read_settings` or :func:`read_batch` undoes them.
+
+Why: a delta is small and its size is only known from the version, a parameter: a generic
+plan guesses a third of the audit table (a hash join over a whole base table for ten delta
+rows); a parallel plan launches workers even where a one-time filter is false; JIT compiles
+for estimates, not rows. The setup itself is planned before they take effect, so it may keep
+a generic plan."""
 _UNDO = (b"ROLLBACK TO SAVEPOINT _imp_deltas", b"RELEASE SAVEPOINT _imp_deltas")
 
 
 @contextmanager
 def read_settings(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """Planner settings for delta reads, undone on exit (ROLLBACK TO SAVEPOINT reverts them;
-    the reads wrote nothing), so the caller's transaction keeps its own.
-
-    Why: a delta is small and its size is only known from the version, a parameter. A generic
-    plan guesses a third of the audit table (a hash join over a whole base table for ten delta
-    rows); a parallel plan launches workers even where a one-time filter is false; JIT
-    compiles for estimates, not rows."""
+    """Delta reads in a savepoint, undone on exit (ROLLBACK TO SAVEPOINT reverts the
+    :data:`READ_SETTINGS` of a tuned query's setup; the reads wrote nothing), so the caller's
+    transaction keeps its own settings."""
     conn.execute(_SAVEPOINT)
     try:
-        conn.execute(_SETTINGS)
         yield
     finally:
         for stmt in _UNDO:
@@ -358,8 +362,9 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     as does a probe showing another audit table for a query's table. On None the caller goes
     the long way (probe first), which reports what changed. The probe may come last: every
     statement of the transaction reads the same snapshot, and the visibility check must
-    follow the fetches (:func:`_check_audits_visible`). If a query is ``tuned``, the reads run
-    with :func:`read_settings`."""
+    follow the fetches (:func:`_check_audits_visible`). Queries with a setup run last (its
+    :data:`READ_SETTINGS` stay in effect for the reads after it; the others keep generic
+    plans), and the savepoint is then rolled back to, as in :func:`read_settings`."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
     audits = list(dict.fromkeys(a for q in queries for a in q.audits))
@@ -368,13 +373,12 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
         tuned = any(q.tuned for q in queries)
         with conn.pipeline():
             conn.execute(_SAVEPOINT)
-            if tuned:
-                conn.execute(_SETTINGS)
-            fetched = []
-            for q in queries:
+            fetched: dict[int, psycopg.Cursor[Any]] = {}
+            for i in sorted(range(len(queries)), key=lambda i: queries[i].tuned):
+                q = queries[i]
                 if q.setup is not None:
                     conn.execute(q.setup, {"since": since})
-                fetched.append(conn.execute(q.text, {"since": since}))
+                fetched[i] = conn.execute(q.text, {"since": since})
             probed = conn.execute(check)
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
@@ -390,7 +394,7 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
         if info is None or info.audit_table != audit_table:
             return None
     _check_audits_visible(audits, rows[0])
-    return probe, [f.fetchall() for f in fetched]
+    return probe, [fetched[i].fetchall() for i in range(len(queries))]
 
 
 def pending(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> int:

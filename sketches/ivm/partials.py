@@ -152,8 +152,8 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
         conds.append(sql.SQL("(SELECT _n = 0 OR _n >= {cap} FROM (SELECT {n} AS _n) AS _c)")
                      .format(n=counted, cap=sql.Literal(cap)))
     return sql.SQL("SELECT set_config('enable_nestloop', CASE WHEN {} THEN 'off'"
-                   " ELSE current_setting('enable_nestloop') END, true)").format(
-        sql.SQL(" AND ").join(conds))
+                   " ELSE current_setting('enable_nestloop') END, true), {}").format(
+        sql.SQL(" AND ").join(conds), sql.SQL(deltas.READ_SETTINGS))
 
 
 def _newest(conn: Conn, t: TableSpec, info: deltas.TableInfo, output: sql.Composable,

@@ -706,6 +706,27 @@ def _nestloop_for_delta(db: str, pipe: Pipeline) -> str:
     return str(row[0])
 
 
+def test_join_delta_setup_plans_the_fetch_for_its_version(db: str) -> None:
+    """A join's delta setup switches to custom plans, no parallel workers and no JIT for the
+    fetch after it (deltas.READ_SETTINGS): a generic plan would guess a third of the audit
+    table. The settings are undone with the savepoint."""
+    reset(db, ("r", "s"), seed_join)
+    pipe = build(db, JOIN_PREAGG)
+    with snapshot_conn(db) as c:   # builds the delta queries
+        pipe.maintain(c)
+        c.commit()
+    assert pipe._queries is not None and pipe._queries[0].setup is not None
+    names = ("plan_cache_mode", "jit", "max_parallel_workers_per_gather")
+    with snapshot_conn(db) as c:
+        with deltas.read_settings(c):
+            c.execute(pipe._queries[0].setup, {"since": pipe.version})
+            during = [c.execute("SELECT current_setting(%s)", (n,)).fetchone() for n in names]
+        after = [c.execute("SELECT current_setting(%s)", (n,)).fetchone() for n in names]
+        c.commit()
+    assert during == [("force_custom_plan",), ("off",), ("0",)]
+    assert after != during
+
+
 def test_join_delta_hashes_small_partners_of_a_large_delta(db: str) -> None:
     """A join's delta read turns nested loops off when every table's delta is at least an
     eighth of its partners' rows (partials.PROBE_COST), and only then: the planner expects
