@@ -155,15 +155,16 @@ _AUDITS_VISIBLE = sql.SQL(
 
 
 @lru_cache(maxsize=256)
-def _probe_query(relids: tuple[int, ...], audits: tuple[str, ...] | None) -> sql.Composed:
+def _probe_query(relids: tuple[int, ...], audits: tuple[str, ...] | None) -> bytes:
     """The probe of ``relids``, and when ``audits`` is given the check of
     :func:`_check_audits_visible` as its last column.
 
     Why literals, not parameters: a statement without parameters keeps one generic plan once
     psycopg has prepared it, where PostgreSQL re-plans an array parameter on every call (the
-    catalog joins make that most of the probe's time)."""
+    catalog joins make that most of the probe's time). Rendered once (ASCII: numbers and the
+    quoted names imp.track_table gives audit tables)."""
     visible = sql.NULL if audits is None else _AUDITS_VISIBLE.format(sql.Literal(list(audits)))
-    return _PROBE.format(visible=visible, relids=sql.Literal(list(relids)))
+    return _PROBE.format(visible=visible, relids=sql.Literal(list(relids))).as_bytes(None)
 
 
 def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
