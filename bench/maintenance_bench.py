@@ -61,6 +61,7 @@ from bench.maintenance_data import (
     create_tables,
 )
 from imp_proxy.embedded import given_or_throwaway as server
+from imp_proxy.router import PREPARE_WHEN_ASKED
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.ivm.pipeline import Pipeline
@@ -151,7 +152,8 @@ class Prepared:
 
 
 def snapshot_conn(dsn: str) -> Conn:
-    c = psycopg.connect(dsn)
+    """A connection like the proxy's service connections (same prepared-statement policy)."""
+    c = psycopg.connect(dsn, prepare_threshold=PREPARE_WHEN_ASKED)
     c.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     return c
 

@@ -28,6 +28,13 @@ from .admin import AdminError
 
 log = logging.getLogger(__name__)
 
+PREPARE_WHEN_ASKED = 2**62
+"""``prepare_threshold`` of service connections: psycopg prepares only statements run with
+``prepare=True`` (the library's delta reads, whose texts repeat from one maintenance to the
+next), never by count. Why not by count: each use may have another search_path, and a cached
+plan must not change its result type; a delta read names its tables with their schemas, and
+psycopg drops a statement that fails from its cache."""
+
 
 class ClassificationLike(Protocol):
     @property
@@ -198,10 +205,9 @@ class ServicePools:
             p = self._pools.get(dbname)
             if p is None:
                 conninfo = psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
-                # no server-side prepared statements: each use may have another search_path,
-                # and a cached plan must not change its result type
                 p = ConnectionPool(conninfo, min_size=1, max_size=self._max, open=True,
-                                   kwargs={"autocommit": True, "prepare_threshold": None,
+                                   kwargs={"autocommit": True,
+                                           "prepare_threshold": PREPARE_WHEN_ASKED,
                                            "connect_timeout": max(1, int(self._timeout))},
                                    timeout=self._timeout, name=f"imp-service-{dbname}")
                 self._pools[dbname] = p

@@ -365,7 +365,12 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     statement of the transaction reads the same snapshot, and the visibility check must
     follow the fetches (:func:`_check_audits_visible`). Queries with a setup run last (its
     :data:`READ_SETTINGS` stay in effect for the reads after it; the others keep generic
-    plans), and the savepoint is then rolled back to, as in :func:`read_settings`."""
+    plans), and the savepoint is then rolled back to, as in :func:`read_settings`.
+
+    The reads are prepared statements (``prepare=True``; a connection whose
+    ``prepare_threshold`` is None prepares nothing): a sketch's maintenances repeat the same
+    texts, and parsing and planning them is most of PostgreSQL's time for a small delta. A
+    statement that fails is dropped from psycopg's cache and prepared anew on its next run."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
     audits = list(dict.fromkeys(a for q in queries for a in q.audits))
@@ -378,9 +383,9 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
             for i in sorted(range(len(queries)), key=lambda i: queries[i].tuned):
                 q = queries[i]
                 if q.setup is not None:
-                    conn.execute(q.setup, {"since": since})
-                fetched[i] = conn.execute(q.text, {"since": since})
-            probed = conn.execute(check)
+                    conn.execute(q.setup, {"since": since}, prepare=True)
+                fetched[i] = conn.execute(q.text, {"since": since}, prepare=True)
+            probed = conn.execute(check, prepare=True)
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
     except psycopg.Error as exc:
