@@ -50,7 +50,6 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; "
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
-_T = ord("T")
 
 
 class Fallback(Exception):
@@ -224,16 +223,20 @@ def _forward_original(s: Session, raw: bytes) -> None:
     s.upstream.write(raw)
 
 
-async def _finish(s: Session, held: list[tuple[int, bytes]], extra: bytes = b"",
-                  ready: int = 1) -> None:
-    """Step 3's end: COMMIT (or ROLLBACK after an error), swallowed; the client then gets the
-    upstream's own ReadyForQuery of that COMMIT."""
-    status = held[-1][1][5]
-    end = "COMMIT" if status == _T else "ROLLBACK"
-    final = await s.exchange_with_upstream(codec.encode_query(end) + extra, ready)
+async def _run_and_commit(s: Session, statement: bytes, ready: int,
+                          close: bytes = b"") -> None:
+    """Step 3: ``statement`` (messages up to its ``ready`` ReadyForQuery), its replies
+    forwarded, and COMMIT (then ``close``, ending in Sync) in the same write, swallowed; the
+    client then gets the upstream's own ReadyForQuery of that COMMIT.
+
+    Why in one write: it saves a round trip, and COMMIT needs no decision: after an error
+    PostgreSQL answers it with ROLLBACK."""
+    end = codec.encode_query("COMMIT") + close
+    final = await s.exchange_with_upstream(statement + end, ready + 1 + bool(close),
+                                           forward=ready)
     err = _first_error(final)
     if err is not None:
-        log.warning("%s after a wrapped query failed: %s", end, err)
+        log.warning("COMMIT after a wrapped query failed: %s", err)
     s.client.write(final[-1][1])
 
 
@@ -271,9 +274,7 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
             _forward_original(s, raw)
             return
         _count_outcome(s, outcome)
-        held = await s.exchange_with_upstream(codec.encode_query(outcome.instrumented_sql), 1,
-                                              forward=True)
-        await _finish(s, held)
+        await _run_and_commit(s, codec.encode_query(outcome.instrumented_sql), 1)
     finally:
         s.leave_parse_mode()
 
@@ -313,11 +314,9 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
             return
         _count_outcome(s, outcome)
         bind = codec.encode_bind(replace(shape.bind, statement=WRAP_STATEMENT))
-        held = await s.exchange_with_upstream(
-            shape.parse_raw + bind + shape.describe_raw + shape.execute_raw + shape.sync_raw, 1,
-            forward=True)
-        await _finish(s, held, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync(),
-                      ready=2)
+        await _run_and_commit(
+            s, shape.parse_raw + bind + shape.describe_raw + shape.execute_raw + shape.sync_raw,
+            1, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync())
     finally:
         s.leave_parse_mode()
 

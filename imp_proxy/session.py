@@ -80,9 +80,9 @@ class _Exchange:
 
     __slots__ = ("ready_left", "forward", "messages", "future")
 
-    def __init__(self, ready: int, forward: bool, future: asyncio.Future[list[tuple[int, bytes]]]):
+    def __init__(self, ready: int, forward: int, future: asyncio.Future[list[tuple[int, bytes]]]):
         self.ready_left = ready
-        self.forward = forward
+        self.forward = forward  # ReadyForQuery messages left before forwarding stops
         self.messages: list[tuple[int, bytes]] = []
         self.future = future
 
@@ -407,12 +407,13 @@ class Session(LocalAdmin):
             self.scanner.feed(rest)
 
     async def exchange_with_upstream(self, payload: bytes, ready: int,
-                                     forward: bool = False) -> list[tuple[int, bytes]]:
+                                     forward: int = 0) -> list[tuple[int, bytes]]:
         """Sends ``payload`` upstream and collects replies up to the ``ready``-th ReadyForQuery.
 
-        forward=False: replies are returned (swallowed) except asynchronous NotificationResponse
-        and ParameterStatus, which go to the client. forward=True: every reply but the
-        ReadyForQuery is forwarded to the client as it arrives.
+        Replies are returned (swallowed) except asynchronous NotificationResponse and
+        ParameterStatus, which go to the client, and except the replies before the
+        ``forward``-th ReadyForQuery: those, but the ReadyForQuery, are forwarded to the
+        client as they arrive.
         """
         if self.upstream is None or self.upstream.is_closing():
             raise UpstreamError("upstream connection is closed")
@@ -456,6 +457,8 @@ class Session(LocalAdmin):
             elif typ == READY_FOR_QUERY:
                 ex.messages.append((typ, msg))
                 ex.ready_left -= 1
+                if ex.forward:
+                    ex.forward -= 1
                 if ex.ready_left == 0:
                     self.scanner.status = msg[5]
                     self.exchange = None
