@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; "
-                  "SELECT pg_export_snapshot(), current_setting('search_path')")
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(),"
+                  " current_setting('search_path'), pg_current_snapshot()::text")
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
@@ -196,6 +196,8 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
         raise Fallback(f"snapshot export failed: {err}")
     snapshot = rows[0].values[0].decode()
     search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
+    text = rows[0].values[2]
+    snapshot_text = text.decode() if text is not None else None
     params: list[object] | None = None
     if bind is not None:
         described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
@@ -206,7 +208,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
             raise Fallback("a parameter cannot be decoded")
     try:
         outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
-                                         explain=explain)
+                                         explain=explain, snapshot_text=snapshot_text)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)

@@ -233,7 +233,8 @@ class Router:
         self._service_down: dict[str, float] = {}
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
-            "passthrough": 0, "fallbacks": 0, "admin_commands": 0, "connections": 0,
+            "answered_in_memory": 0, "passthrough": 0, "fallbacks": 0, "admin_commands": 0,
+            "connections": 0,
         }
 
     def count(self, key: str, n: int = 1) -> None:
@@ -273,8 +274,19 @@ class Router:
         return Decision(bool(c.candidate), str(c.reason), c.template)
 
     async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
-                      params: Sequence[object] | None, explain: bool = False) -> PrepareOutcome:
-        """``explain``: also ask the hook where a capture would run (``IMP EXPLAIN``)."""
+                      params: Sequence[object] | None, explain: bool = False,
+                      snapshot_text: str | None = None) -> PrepareOutcome:
+        """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
+        ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
+        ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
+        hook where a capture would run (``IMP EXPLAIN``)."""
+        if snapshot_text is not None and search_path is not None and not explain:
+            cached = getattr(self._hook_for(dbname), "prepare_cached", None)
+            p = None if cached is None else cached(sql, params, search_path, snapshot_text)
+            if p is not None:
+                self.count("answered_in_memory")
+                return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
+                                      p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
                                        sql, params, explain)
 

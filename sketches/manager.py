@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any
 import psycopg
 
 from sketches import catalog, freshness, incremental, lookup
+from sketches.answers import Answer, Answers, Key, answer_key, template_state
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
 from sketches.capture import CaptureTarget
@@ -157,6 +159,7 @@ class SketchManager(IncrementalMaintenance):
         self._own_xids: set[int] = set()
         self._installed = False
         self._stats: Counter[str] = Counter()
+        self._answers = Answers(self.settings.classify_cache_size)
 
     # ---- classification --------------------------------------------------------------
 
@@ -225,14 +228,56 @@ class SketchManager(IncrementalMaintenance):
         tmpl = self._template(cls.template)
         with tmpl.lock:
             tmpl.seen += 1
+            key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     cls.template, tmpl, path, snapshot)
+                                     cls.template, tmpl, path, snapshot, key)
             except CaptureError:
                 self._stats["errors"] += 1
                 raise
             except SketchError as exc:
                 return self._passthrough(str(exc))
+
+    def prepare_cached(self, sql: str, params: Sequence[object] | None, search_path: str,
+                       snapshot: str) -> Prepared | None:
+        """:meth:`prepare`'s answer for a query run in ``snapshot`` (``pg_current_snapshot()``
+        text) with ``search_path``, when an earlier call in that same snapshot answered it
+        with a sketch needing nothing from the database (``sketches.answers``); None: call
+        :meth:`prepare`. Never blocks (a template busy elsewhere is a None) and touches no
+        database, so it may run on the proxy's event loop."""
+        key = answer_key(sql, params, search_path)
+        answer = None if key is None or not self.settings.enabled else self._answers.get(key)
+        if answer is None:
+            return None
+        tmpl = answer.template
+        if not tmpl.lock.acquire(blocking=False):
+            return None
+        try:
+            entry = answer.holds(snapshot, self.strategy_of)
+            if entry is None or (self._useful(entry.sketch) and sql not in entry.instrumented):
+                return None
+            tmpl.seen += 1
+            tmpl.note_values(answer.values)
+            entry.uses += 1
+            entry.last_used = time.time()
+            self._count("uses")
+            self._count("answered_in_memory")
+            return self._finish("use", sql, entry)
+        finally:
+            tmpl.lock.release()
+
+    def _remember(self, key: Key | None, snapshot: str | None, tmpl: _Template,
+                  entry: _Entry, inst: TemplateInstance) -> None:
+        """Keeps a "use" answer for :meth:`prepare_cached` (the caller holds the template
+        lock): only of a sketch for the query's own values, maintained by the engine."""
+        if key is None or snapshot is None or self._custom \
+                or not _same_values(entry.instance, inst):
+            return
+        strategy = self.strategy_of(entry)
+        answer = Answer(snapshot, tmpl, weakref.ref(entry), template_state(tmpl), strategy,
+                        _values(inst))
+        if strategy in ("lazy", "eager") and answer.holds(snapshot, self.strategy_of):
+            self._answers.remember(key, answer)
 
     def _passthrough(self, reason: str) -> Prepared:
         with self._lock:
@@ -246,7 +291,7 @@ class SketchManager(IncrementalMaintenance):
     def _prepare(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
                  tmpl: _Template, search_path: str | None = None,
-                 snapshot: str | None = None) -> Prepared:
+                 snapshot: str | None = None, key: Key | None = None) -> Prepared:
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
@@ -279,7 +324,9 @@ class SketchManager(IncrementalMaintenance):
             entry.uses += 1
             entry.last_used = time.time()
             self._count("uses")
-            return self._finish("use", sql, entry)
+            prepared = self._finish("use", sql, entry)
+            self._remember(key, snapshot, tmpl, entry, inst)
+            return prepared
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")

@@ -4,6 +4,7 @@ sketched SELECTs in simple and extended protocol return exactly what PostgreSQL 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -59,6 +60,30 @@ def test_sketched_queries_same_as_direct(ldsn: str, db_dsn: str) -> None:
         # a write through the proxy; the next answer must still be exact
         c.execute("INSERT INTO sm VALUES (30001, 3, 999999)")
         assert c.execute(HAVING).fetchall() == d.execute(HAVING).fetchall()
+
+
+def test_repeated_queries_answered_from_memory_until_a_write(ldsn: str, db_dsn: str) -> None:
+    """With nothing committed since, a repeated sketched query (simple and extended protocol)
+    is decided from memory, without a service connection (``proxy.answered_in_memory``);
+    after a write sent directly to PostgreSQL the next one is not, and every answer is the
+    direct one."""
+    queries: list[tuple[str, tuple[int, ...] | None]] = [(HAVING, None), (HAVING_P, (100500,))]
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        def same(q: str, args: tuple[int, ...] | None) -> None:
+            assert c.execute(q, args).fetchall() == d.execute(q, args).fetchall()
+
+        for q, args in queries:
+            deadline = time.monotonic() + 20
+            before = int(stats(c)["proxy.answered_in_memory"])
+            while int(stats(c)["proxy.answered_in_memory"]) == before:
+                assert time.monotonic() < deadline, "never answered from memory"
+                same(q, args)
+        d.execute("INSERT INTO sm VALUES (30002, 4, 1)")
+        for q, args in queries:
+            before = int(stats(c)["proxy.answered_in_memory"])
+            same(q, args)
+            assert int(stats(c)["proxy.answered_in_memory"]) == before
 
 
 def test_dropping_sketches(ldsn: str) -> None:

@@ -92,7 +92,14 @@ def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | N
     equal the freshly captured one (a HAVING query's maintained sketch has no slack)."""
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     try:
-        p = m.prepare(conn, sql, list(params) if params is not None else None)
+        row = conn.execute("SELECT current_setting('search_path'),"
+                           " pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        args = list(params) if params is not None else None
+        cached = m.prepare_cached(sql, args, row[0], row[1])
+        p = m.prepare(conn, sql, args, row[0])
+        # an answer from memory is the one prepare gives in the same snapshot
+        assert cached is None or cached == p, (cached, p)
         with psycopg.RawCursor(conn) as cur:
             original = Counter(cur.execute(sql, params).fetchall())
             if p.instrumented_sql is not None:
@@ -149,6 +156,53 @@ def test_lazy_maintains_instead_of_recapturing(conn: Conn) -> None:
         row = entry_of(m, first.sketch_id)
         assert row["captures"] == 1 and row["maintenances"] == 1
         assert m.stats()["maintenances"] == 1
+    finally:
+        m.close()
+        reset(conn)
+
+
+def _answers(m: SketchManager, conn: Conn, sql: str, params: list[object] | None,
+             search_path: str | None = None) -> tuple[Prepared | None, Prepared]:
+    """(prepare_cached, prepare) in one REPEATABLE READ snapshot."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        row = conn.execute("SELECT current_setting('search_path'),"
+                           " pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        path = search_path or row[0]
+        cached = m.prepare_cached(sql, params, path, row[1])
+        return cached, m.prepare(conn, sql, params, path)
+    finally:
+        conn.execute("COMMIT")
+
+
+def test_answer_from_memory_only_in_the_same_snapshot(conn: Conn) -> None:
+    """prepare_cached repeats prepare's "use" in the snapshot prepare answered in, counting
+    the use, and answers nothing after a write, for other values or another search_path,
+    or once the sketch is dropped."""
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    try:
+        sql, params = QUERIES[0]
+        args = list(params or ())
+        for _ in range(2):  # a capture (or the state persisted by an earlier test), a use
+            assert _answers(m, conn, sql, args)[1].decision in ("capture", "use")
+        answered = m.stats().get("answered_in_memory", 0)
+        cached, full = _answers(m, conn, sql, args)
+        assert cached is not None and cached == full and full.instrumented_sql is not None
+        assert m.stats()["answered_in_memory"] == answered + 1
+        uses = entry_of(m, full.sketch_id)["uses"]
+        assert _answers(m, conn, sql, args)[0] == full
+        assert entry_of(m, full.sketch_id)["uses"] == uses + 2  # prepare_cached and prepare
+        conn.execute("INSERT INTO f VALUES (500002, 4, 1, 1)")
+        cached, full = _answers(m, conn, sql, args)
+        assert cached is None and full.decision == "use"
+        assert _answers(m, conn, sql, [args[0] + 1])[0] is None
+        assert _answers(m, conn, sql, args, '"$user", public, pg_catalog')[0] is None
+        _answers(m, conn, sql, args)  # those may have captured sketches: answered anew
+        cached, full = _answers(m, conn, sql, args)
+        assert cached is not None and cached == full
+        assert full.sketch_id is not None and m.drop(conn, full.sketch_id)
+        assert _answers(m, conn, sql, args)[0] is None
     finally:
         m.close()
         reset(conn)

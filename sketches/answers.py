@@ -1,0 +1,85 @@
+"""Answers to ``prepare`` remembered by snapshot, so a repeated query needs no database.
+
+Why it is exact: ``SketchManager.prepare`` decides from the query text, its parameters, the
+search_path, the snapshot and the manager's own state. Two calls with the same text,
+parameters and search_path in the same snapshot (``pg_current_snapshot()`` text: nothing
+committed in between, so no write, TRUNCATE or DDL either) and with the template's sketches
+unchanged reach the same sketch in the same state; only the bookkeeping (use counts) differs,
+which the caller repeats. An answer is kept only for a sketch of the query's own values whose
+state is at that snapshot (lazy or eager maintenance), so no catalog read, maintenance or
+policy decision (a capture of its own, a recapture) was part of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sketches.maintained import Entry, Template
+
+Key = tuple[str, tuple[tuple[type, object], ...] | None, str]
+
+
+def answer_key(sql: str, params: Sequence[object] | None, search_path: str) -> Key | None:
+    """The key of a query's answer; None when a parameter value is unhashable."""
+    key = (sql, None if params is None else tuple((type(p), p) for p in params), search_path)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def template_state(tmpl: Template) -> tuple[tuple[int, str], ...]:
+    """What of a template the choice of a sketch depends on: its sketches and their versions
+    (the caller holds the template lock)."""
+    return tuple((id(e), e.sketch.version) for e in tmpl.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """``entry``: weak, so a dropped sketch's state is not kept alive by its answers."""
+
+    snapshot: str
+    template: Template
+    entry: weakref.ref[Entry]
+    state: tuple[tuple[int, str], ...]
+    strategy: str
+    values: Hashable  # what ``Template.note_values`` counts for the query
+
+    def holds(self, snapshot: str, strategy_of: Callable[[Entry], str]) -> Entry | None:
+        """The answer's sketch if it still answers in ``snapshot`` (the caller holds the
+        template lock)."""
+        entry = self.entry()
+        if entry is None or snapshot != self.snapshot or strategy_of(entry) != self.strategy:
+            return None
+        p = entry.pipeline
+        if p is None or p.broken or p.version != snapshot or entry.sketch.version != snapshot \
+                or template_state(self.template) != self.state:
+            return None
+        return entry
+
+
+class Answers:
+    """A bounded map of :class:`Answer` by :func:`answer_key` (thread-safe)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[Key, Answer] = OrderedDict()
+
+    def remember(self, key: Key, answer: Answer) -> None:
+        with self._lock:
+            self._answers[key] = answer
+            self._answers.move_to_end(key)
+            while len(self._answers) > self._size:
+                self._answers.popitem(last=False)
+
+    def get(self, key: Key) -> Answer | None:
+        with self._lock:
+            return self._answers.get(key)
