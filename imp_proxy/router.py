@@ -133,8 +133,9 @@ class PerDatabase:
 
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
-                search_path: str | None = None) -> PreparedLike:
-        return self.for_database(self._dbname(conn)).prepare(conn, sql, params, search_path)
+                search_path: str | None = None, **kwargs: Any) -> PreparedLike:
+        return self.for_database(self._dbname(conn)).prepare(conn, sql, params, search_path,
+                                                             **kwargs)
 
     def sketches(self) -> list[dict[str, object]]:
         with self._lock:
@@ -288,11 +289,13 @@ class Router:
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
-                                       sql, params, explain)
+                                       sql, params, explain, snapshot_text)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
-                          params: Sequence[object] | None,
-                          explain: bool = False) -> PrepareOutcome:
+                          params: Sequence[object] | None, explain: bool = False,
+                          snapshot_text: str | None = None) -> PrepareOutcome:
+        """A hook with ``prepare_cached`` also takes ``prepare(…, snapshot=)``: it is given
+        the snapshot's text, which the service connection imported, instead of reading it."""
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
@@ -305,7 +308,10 @@ class Router:
                     pgsql.Literal(search_path)))
             try:
                 conn.execute(pgsql.SQL("; ").join(setup))
-                p = hook.prepare(conn, sql, params, search_path)
+                known = snapshot_text is not None and search_path is not None \
+                    and callable(getattr(self._hook_for(dbname), "prepare_cached", None))
+                p = hook.prepare(conn, sql, params, search_path,
+                                 **({"snapshot": snapshot_text} if known else {}))
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
             except BaseException:

@@ -200,29 +200,24 @@ class SketchManager(IncrementalMaintenance):
 
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
-                search_path: str | None = None) -> Prepared:
+                search_path: str | None = None, snapshot: str | None = None) -> Prepared:
         """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
 
-        Refusals (unsupported, not sketchable, safety belt) return a passthrough; database
-        errors propagate (the caller rolls back and forwards the original query)."""
+        ``snapshot`` (with ``search_path``): the caller vouches that conn is in a fresh
+        REPEATABLE READ transaction with this ``pg_current_snapshot()`` and this search_path
+        already set (the proxy: the client's, imported), which saves the round trip that
+        would read them. Refusals (unsupported, not sketchable, safety belt) return a
+        passthrough; database errors propagate (the caller rolls back and forwards the
+        original query)."""
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         cls = self.classify(sql)
         if not cls.candidate or cls.template is None:
             return self._passthrough(cls.reason)
-        # one round trip: the search_path in force (the analysis cache's key) and, inside a
-        # REPEATABLE READ / SERIALIZABLE transaction, the transaction's snapshot (a sketch
-        # whose state is at exactly this snapshot needs no maintenance)
-        if search_path is not None:
-            row = conn.execute(_SETUP_SQL.format(
-                "set_config('search_path', %s, true)"), (search_path,)).fetchone()
+        if snapshot is not None and search_path is not None:
+            path = search_path
         else:
-            row = conn.execute(_SETUP_SQL.format("current_setting('search_path')")).fetchone()
-        assert row is not None
-        path = str(row[0])
-        # a transaction that wrote (an xid) sees its own writes, which no snapshot shows
-        snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
-            and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
+            path, snapshot = self._setup(conn, search_path)
         if self._conninfo is None:
             self._remember_conninfo(conn)
         tmpl = self._template(cls.template)
@@ -237,6 +232,22 @@ class SketchManager(IncrementalMaintenance):
                 raise
             except SketchError as exc:
                 return self._passthrough(str(exc))
+
+    @staticmethod
+    def _setup(conn: psycopg.Connection[Any], search_path: str | None) -> tuple[str, str | None]:
+        """One round trip: the search_path in force (the analysis cache's key) and, inside a
+        REPEATABLE READ / SERIALIZABLE transaction that wrote nothing, its snapshot (a sketch
+        whose state is at exactly this snapshot needs no maintenance; a transaction with an
+        xid sees its own writes, which no snapshot shows)."""
+        if search_path is not None:
+            row = conn.execute(_SETUP_SQL.format(
+                "set_config('search_path', %s, true)"), (search_path,)).fetchone()
+        else:
+            row = conn.execute(_SETUP_SQL.format("current_setting('search_path')")).fetchone()
+        assert row is not None
+        snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
+        return str(row[0]), snapshot
 
     def prepare_cached(self, sql: str, params: Sequence[object] | None, search_path: str,
                        snapshot: str) -> Prepared | None:

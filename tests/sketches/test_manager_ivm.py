@@ -97,7 +97,7 @@ def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | N
         assert row is not None
         args = list(params) if params is not None else None
         cached = m.prepare_cached(sql, args, row[0], row[1])
-        p = m.prepare(conn, sql, args, row[0])
+        p = m.prepare(conn, sql, args, row[0], snapshot=row[1])
         # an answer from memory is the one prepare gives in the same snapshot
         assert cached is None or cached == p, (cached, p)
         with psycopg.RawCursor(conn) as cur:
