@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from .protocol.messages import (
     EXECUTE,
     PARAMETER_DESCRIPTION,
     PARSE,
+    READY_FOR_QUERY,
     SYNC,
     Bind,
     Execute,
@@ -225,21 +227,49 @@ def _forward_original(s: Session, raw: bytes) -> None:
     s.upstream.write(raw)
 
 
-async def _run_and_commit(s: Session, statement: bytes, ready: int,
-                          close: bytes = b"") -> None:
+async def _run_and_commit(s: Session, statement: bytes, ready: int, close: bytes = b"",
+                          skip: int = 0) -> bool:
     """Step 3: ``statement`` (messages up to its ``ready`` ReadyForQuery), its replies
     forwarded, and COMMIT (then ``close``, ending in Sync) in the same write, swallowed; the
     client then gets the upstream's own ReadyForQuery of that COMMIT.
 
-    Why in one write: it saves a round trip, and COMMIT needs no decision: after an error
+    ``skip``: ``statement`` starts with that many Close/Parse messages of the proxy's own,
+    whose replies are swallowed. If one of them fails, PostgreSQL skips the rest up to the
+    Sync, nothing reaches the client and False is returned: the transaction is rolled back
+    (COMMIT answers ROLLBACK) and the client's messages are still to be sent.
+
+    Why in one write: it saves round trips, and COMMIT needs no decision: after an error
     PostgreSQL answers it with ROLLBACK."""
     end = codec.encode_query("COMMIT") + close
     final = await s.exchange_with_upstream(statement + end, ready + 1 + bool(close),
-                                           forward=ready)
-    err = _first_error(final)
+                                           forward=ready, skip=skip)
+    # before the statement's ReadyForQuery only the proxy's own replies were kept
+    first_ready = next(i for i, (typ, _m) in enumerate(final) if typ == READY_FOR_QUERY)
+    failed = _first_error(final[:first_ready])
+    if failed is not None:
+        log.debug("a statement of the proxy's failed: %s", failed)
+        return False
+    err = _first_error(final[first_ready:])
     if err is not None:
         log.warning("COMMIT after a wrapped query failed: %s", err)
     s.client.write(final[-1][1])
+    return True
+
+
+def _fell_back(s: Session, raw: bytes, exc: Fallback) -> None:
+    log.debug("fallback: %s", exc)
+    s.router.count("fallbacks")
+    _forward_original(s, raw)
+
+
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+def _highest_parameter(sql: str) -> int:
+    """The highest ``$n`` in ``sql`` (0: none); one inside a literal or comment counts too,
+    which errs towards a fallback. With every type of ``$1``…``$k`` given, a statement whose
+    highest is at most k takes exactly those k parameters (a higher one would be inferred)."""
+    return max((int(n) for n in _PARAMETER.findall(sql)), default=0)
 
 
 def _count_outcome(s: Session, outcome: PrepareOutcome) -> None:
@@ -267,9 +297,7 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
         try:
             outcome, _ = await begin_and_prepare(s, sql, None, ())
         except Fallback as exc:
-            log.debug("fallback: %s", exc)
-            s.router.count("fallbacks")
-            _forward_original(s, raw)
+            _fell_back(s, raw, exc)
             return
         if outcome.instrumented_sql is None:
             await _rollback(s)
@@ -296,29 +324,23 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
             if outcome.instrumented_sql is None:
                 await _rollback(s)
                 raise Fallback("library chose passthrough")
-            prep = await s.exchange_with_upstream(
-                codec.encode_close("S", WRAP_STATEMENT)
-                + codec.encode_parse(WRAP_STATEMENT, outcome.instrumented_sql, types)
-                + codec.encode_describe("S", WRAP_STATEMENT) + codec.encode_sync(), 1)
-            err = _first_error(prep)
-            if err is not None:
-                await _rollback(s)
-                raise Fallback(f"instrumented SQL does not parse: {err}")
-            described = [_parameter_types(m) for t, m in prep if t == PARAMETER_DESCRIPTION]
-            if not described or described[0] != tuple(types) \
-                    or len(types) != len(shape.bind.params):
+            if len(types) != len(shape.bind.params) \
+                    or _highest_parameter(outcome.instrumented_sql) > len(types):
                 await _rollback(s)
                 raise Fallback("instrumented SQL takes other parameters than the client binds")
         except Fallback as exc:
-            log.debug("fallback: %s", exc)
-            s.router.count("fallbacks")
-            _forward_original(s, raw)
+            _fell_back(s, raw, exc)
+            return
+        ours = (codec.encode_close("S", WRAP_STATEMENT)
+                + codec.encode_parse(WRAP_STATEMENT, outcome.instrumented_sql, types))
+        bind = codec.encode_bind(replace(shape.bind, statement=WRAP_STATEMENT))
+        if not await _run_and_commit(
+                s, ours + shape.parse_raw + bind + shape.describe_raw + shape.execute_raw
+                + shape.sync_raw, 1, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync(),
+                skip=2):
+            _fell_back(s, raw, Fallback("instrumented SQL does not parse"))
             return
         _count_outcome(s, outcome)
-        bind = codec.encode_bind(replace(shape.bind, statement=WRAP_STATEMENT))
-        await _run_and_commit(
-            s, shape.parse_raw + bind + shape.describe_raw + shape.execute_raw + shape.sync_raw,
-            1, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync())
     finally:
         s.leave_parse_mode()
 

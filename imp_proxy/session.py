@@ -36,14 +36,17 @@ from .protocol.messages import (
     BACKEND_KEY_DATA,
     BIND,
     CLOSE,
+    CLOSE_COMPLETE,
     COPY_DATA,
     DESCRIBE,
+    ERROR_RESPONSE,
     EXECUTE,
     FLUSH,
     FUNCTION_CALL,
     NOTIFICATION_RESPONSE,
     PARAMETER_STATUS,
     PARSE,
+    PARSE_COMPLETE,
     QUERY,
     READY_FOR_QUERY,
     SYNC,
@@ -78,11 +81,13 @@ class Phase(enum.Enum):
 class _Exchange:
     """Replies the proxy awaits for messages it sent itself."""
 
-    __slots__ = ("ready_left", "forward", "messages", "future")
+    __slots__ = ("ready_left", "forward", "skip", "messages", "future")
 
-    def __init__(self, ready: int, forward: int, future: asyncio.Future[list[tuple[int, bytes]]]):
+    def __init__(self, ready: int, forward: int, future: asyncio.Future[list[tuple[int, bytes]]],
+                 skip: int = 0):
         self.ready_left = ready
         self.forward = forward  # ReadyForQuery messages left before forwarding stops
+        self.skip = skip        # CloseComplete/ParseComplete replies kept before forwarding
         self.messages: list[tuple[int, bytes]] = []
         self.future = future
 
@@ -406,20 +411,22 @@ class Session(LocalAdmin):
             self.client.write(rest)
             self.scanner.feed(rest)
 
-    async def exchange_with_upstream(self, payload: bytes, ready: int,
-                                     forward: int = 0) -> list[tuple[int, bytes]]:
+    async def exchange_with_upstream(self, payload: bytes, ready: int, forward: int = 0,
+                                     skip: int = 0) -> list[tuple[int, bytes]]:
         """Sends ``payload`` upstream and collects replies up to the ``ready``-th ReadyForQuery.
 
         Replies are returned (swallowed) except asynchronous NotificationResponse and
         ParameterStatus, which go to the client, and except the replies before the
         ``forward``-th ReadyForQuery: those, but the ReadyForQuery, are forwarded to the
-        client as they arrive.
+        client as they arrive — once ``skip`` CloseComplete/ParseComplete replies (of
+        messages the proxy put first) were returned. An ErrorResponse among those stops all
+        forwarding.
         """
         if self.upstream is None or self.upstream.is_closing():
             raise UpstreamError("upstream connection is closed")
         assert self.reader is not None and self.exchange is None
         fut: asyncio.Future[list[tuple[int, bytes]]] = self.loop.create_future()
-        self.exchange = _Exchange(ready, forward, fut)
+        self.exchange = _Exchange(ready, forward, fut, skip)
         self.upstream.write(payload)
         return await fut
 
@@ -465,6 +472,12 @@ class Session(LocalAdmin):
                     if not ex.future.done():
                         ex.future.set_result(ex.messages)
                     ex = None
+            elif ex.skip and typ not in (NOTIFICATION_RESPONSE, PARAMETER_STATUS):
+                ex.messages.append((typ, msg))
+                if typ == ERROR_RESPONSE:
+                    ex.skip = ex.forward = 0
+                elif typ in (CLOSE_COMPLETE, PARSE_COMPLETE):
+                    ex.skip -= 1
             elif ex.forward or typ in (NOTIFICATION_RESPONSE, PARAMETER_STATUS):
                 out.append(msg)
             else:

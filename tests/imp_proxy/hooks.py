@@ -79,6 +79,8 @@ class ProbeHook:
         where = f"id <= {k}"
         if "extra_param_me" in sql and params:  # a rewrite that needs one more parameter
             where += f" AND ${len(params) + 1}::int IS NULL"
+        if "unparsable_me" in sql:  # a rewrite PostgreSQL rejects at Parse
+            where += " AND no_such_column > 0"
         if re.search(r"\bwhere\b", sql, re.I):
             instrumented = re.sub(r"\bwhere\b", f"WHERE {where} AND", sql, count=1, flags=re.I)
         else:

@@ -170,6 +170,24 @@ def test_instrumented_sql_with_other_parameters_falls_back(hdsn: str, db_dsn: st
         assert after["proxy.wrapped"] == before["proxy.wrapped"]
 
 
+def test_instrumented_sql_failing_at_parse_falls_back(hdsn: str, db_dsn: str) -> None:
+    """The proxy's Parse of the instrumented statement goes in one write with the client's
+    Bind/Execute; when PostgreSQL rejects it, nothing of that write reaches the client and
+    the client's own messages are sent instead (exact answer, one fallback, session idle)."""
+    sql = QP.replace("SELECT", "SELECT /* unparsable_me */", 1)
+    with psycopg.connect(db_dsn, autocommit=True) as d:
+        expected = d.execute(sql, (10, 2)).fetchall()
+    with psycopg.connect(hdsn, autocommit=True) as c:
+        for _ in range(2):
+            before = stats(c)
+            assert c.execute(sql, (10, 2)).fetchall() == expected
+            after = stats(c)
+            assert int(after["proxy.fallbacks"]) == int(before["proxy.fallbacks"]) + 1
+            assert after["proxy.wrapped"] == before["proxy.wrapped"]
+            assert c.info.transaction_status == pq.TransactionStatus.IDLE
+        assert c.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_error_in_wrapped_query_reaches_client(hdsn: str) -> None:
     bad = Q.replace("ORDER BY grp", "HAVING 1/(count(*) - count(*)) = 1")
     with psycopg.connect(hdsn, autocommit=True) as c:
