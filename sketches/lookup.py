@@ -68,20 +68,26 @@ def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> st
     m = _ROLE_FUNCTIONS.search(analysis.sql)
     if m:
         return f"the query uses {m.group(1)}: its result depends on the role"
-    for t in analysis.tables:
-        name = psql.SQL("quote_ident(%s)") if t.schema is None else \
-            psql.SQL("quote_ident(%s) || '.' || quote_ident(%s)")
-        args: tuple[str, ...] = (t.name,) if t.schema is None else (t.schema, t.name)
-        row = conn.execute(
-            psql.SQL("SELECT c.relkind, c.relrowsecurity FROM pg_class c"
-                     " WHERE c.oid = to_regclass({})").format(name), args).fetchone()
-        if row is None:
-            continue
-        if row[0] in ("v", "f"):
+    tables = list(analysis.tables)
+    if not tables:
+        return None
+    rows = conn.execute(_RELATIONS, ([t.schema for t in tables], [t.name for t in tables]))
+    for i, relkind, rls in rows.fetchall():
+        t = tables[int(i) - 1]
+        if relkind in ("v", "f"):
             return f"{t.name} is a view or foreign table: its rows may depend on the role"
-        if row[1]:
+        if rls:
             return f"{t.name} has row-level security: its rows depend on the role"
     return None
+
+
+_RELATIONS = (
+    "SELECT u.i, c.relkind, c.relrowsecurity"
+    " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(s, n, i)"
+    " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(CASE WHEN u.s IS NULL"
+    " THEN quote_ident(u.n) ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)"
+    " ORDER BY u.i")
+"""Kind and row-level security of each table (schema, name; in one round trip, in order)."""
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,
