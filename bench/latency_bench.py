@@ -144,7 +144,7 @@ def report(res: Result, facts: dict[str, Any], command: str, rows: int, blocks: 
         "# Latency the proxy adds to a sketched query", "",
         f"Command: `{command}` at git {revision(facts)}", "",
         f"* {facts['timestamp_utc']}; machine: nproc {facts['nproc']}; load average "
-        f"{' / '.join(f'{x:.2f}' for x in facts['loadavg_at_start'])} at start",
+        f"{' / '.join(f'{x:.2f}' for x in facts['loadavg_at_start'])} at the end",
         f"* table `lat`: {rows:,} rows, 100 groups; query `{QUERY}` (a threshold 5 groups "
         "pass); one client, autocommit",
         "* first, queries through the proxy until both protocols are answered from memory "
