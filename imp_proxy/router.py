@@ -281,9 +281,11 @@ class Router:
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
         hook where a capture would run (``IMP EXPLAIN``)."""
-        if snapshot_text is not None and search_path is not None and not explain:
-            cached = getattr(self._hook_for(dbname), "prepare_cached", None)
-            p = None if cached is None else cached(sql, params, search_path, snapshot_text)
+        cached = getattr(self._hook_for(dbname), "prepare_cached", None)
+        if cached is None or search_path is None:
+            snapshot_text = None  # a hook without it reads the snapshot itself
+        elif snapshot_text is not None and not explain:
+            p = cached(sql, params, search_path, snapshot_text)
             if p is not None:
                 self.count("answered_in_memory")
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
@@ -294,8 +296,9 @@ class Router:
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
                           snapshot_text: str | None = None) -> PrepareOutcome:
-        """A hook with ``prepare_cached`` also takes ``prepare(…, snapshot=)``: it is given
-        the snapshot's text, which the service connection imported, instead of reading it."""
+        """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
+        ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
+        imported, instead of reading it."""
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
@@ -308,10 +311,8 @@ class Router:
                     pgsql.Literal(search_path)))
             try:
                 conn.execute(pgsql.SQL("; ").join(setup))
-                known = snapshot_text is not None and search_path is not None \
-                    and callable(getattr(self._hook_for(dbname), "prepare_cached", None))
                 p = hook.prepare(conn, sql, params, search_path,
-                                 **({"snapshot": snapshot_text} if known else {}))
+                                 **({} if snapshot_text is None else {"snapshot": snapshot_text}))
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
             except BaseException:

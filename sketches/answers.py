@@ -25,14 +25,22 @@ if TYPE_CHECKING:
 Key = tuple[str, tuple[tuple[type, object], ...] | None, str]
 
 
-def answer_key(sql: str, params: Sequence[object] | None, search_path: str) -> Key | None:
-    """The key of a query's answer; None when a parameter value is unhashable."""
-    key = (sql, None if params is None else tuple((type(p), p) for p in params), search_path)
+def query_key(sql: str, params: Sequence[object] | None
+              ) -> tuple[str, tuple[tuple[type, object], ...] | None] | None:
+    """A query text with its typed parameter values, as a cache key; None when a parameter
+    value is unhashable."""
+    key = (sql, None if params is None else tuple((type(p), p) for p in params))
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def answer_key(sql: str, params: Sequence[object] | None, search_path: str) -> Key | None:
+    """The key of a query's answer (:func:`query_key` and the search_path)."""
+    key = query_key(sql, params)
+    return None if key is None else (*key, search_path)
 
 
 def template_state(tmpl: Template) -> tuple[tuple[int, str], ...]:

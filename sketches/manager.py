@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 
 from sketches import catalog, freshness, incremental, lookup
-from sketches.answers import Answer, Answers, Key, answer_key, template_state
+from sketches.answers import Answer, Answers, Key, answer_key, query_key, template_state
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
 from sketches.capture import CaptureTarget
@@ -269,13 +269,16 @@ class SketchManager(IncrementalMaintenance):
                 return None
             tmpl.seen += 1
             tmpl.note_values(answer.values)
-            entry.uses += 1
-            entry.last_used = time.time()
-            self._count("uses")
+            self._note_use(entry)
             self._count("answered_in_memory")
             return self._finish("use", sql, entry)
         finally:
             tmpl.lock.release()
+
+    def _note_use(self, entry: _Entry) -> None:
+        entry.uses += 1
+        entry.last_used = time.time()
+        self._count("uses")
 
     def _remember(self, key: Key | None, snapshot: str | None, tmpl: _Template,
                   entry: _Entry, inst: TemplateInstance) -> None:
@@ -332,9 +335,7 @@ class SketchManager(IncrementalMaintenance):
                 entry.maintenances += 1
                 entry.sketch = refreshed
                 entry.instrumented.clear()
-            entry.uses += 1
-            entry.last_used = time.time()
-            self._count("uses")
+            self._note_use(entry)
             prepared = self._finish("use", sql, entry)
             self._remember(key, snapshot, tmpl, entry, inst)
             return prepared
@@ -369,10 +370,8 @@ class SketchManager(IncrementalMaintenance):
     def _instance(self, sql: str, params: tuple[object, ...] | None) -> TemplateInstance:
         """``instance(sql, params)``, cached by text and typed parameter values (parsing and
         copying the statement's tree cost milliseconds per query). Instances are immutable."""
-        try:
-            key = (sql, None if params is None else tuple((type(p), p) for p in params))
-            hash(key)
-        except TypeError:  # an unhashable parameter value: no caching
+        key = query_key(sql, params)
+        if key is None:  # an unhashable parameter value: no caching
             return instance(sql, params)
         with self._lock:
             hit = self._instances.get(key)
