@@ -51,6 +51,9 @@ class Result:
     checked: int = 0
     mismatches: list[str] = field(default_factory=list)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    xids: dict[str, int] = field(default_factory=dict)
+    """Per scenario: transaction ids assigned in the whole cluster meanwhile (the writer's,
+    but also autovacuum's and any other session's: each commit starts a new snapshot)."""
 
 
 def _load(dsn: str, rows: int) -> int:
@@ -80,6 +83,12 @@ def _counters(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return {k: int(v) for k, v in conn.execute("IMP SHOW STATS").fetchall() if k in keep}
 
 
+def _next_xid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _warm_up(p: psycopg.Connection[Any], threshold: int, timeout: float = 60.0,
              rounds: int = 3) -> None:
     """Runs the query through the proxy, both protocols in turn, until ``rounds`` rounds in a
@@ -107,7 +116,7 @@ def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
         conns = {"direct": d, "proxy": p}
         _warm_up(p, threshold)
         for scenario in SCENARIOS:
-            before = _counters(p)
+            before, xid = _counters(p), _next_xid(d)
             for block in range(blocks):
                 for protocol in PROTOCOLS:
                     order = SYSTEMS if block % 2 == 0 else SYSTEMS[::-1]
@@ -129,7 +138,9 @@ def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
                                                           f"{want}")
             after = _counters(p)
             res.counters[scenario] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            log.info("%s done: %s", scenario, res.counters[scenario])
+            res.xids[scenario] = _next_xid(d) - xid
+            log.info("%s done: %s, %d transaction ids assigned", scenario,
+                     res.counters[scenario], res.xids[scenario])
     return res
 
 
@@ -170,7 +181,8 @@ def report(res: Result, facts: dict[str, Any], command: str, rows: int, blocks: 
     lines += ["", "Proxy counters per scenario (IMP SHOW STATS, difference over the scenario, "
               "warm-up queries included):", ""]
     for scenario, counts in res.counters.items():
-        lines.append(f"* {scenario}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        lines.append(f"* {scenario}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                     + f"; transaction ids assigned in the cluster: {res.xids.get(scenario, 0)}")
     if res.mismatches:
         lines += ["", "Mismatches:", *[f"* {m}" for m in res.mismatches[:20]]]
     return "\n".join(lines) + "\n"

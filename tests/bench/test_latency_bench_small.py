@@ -21,8 +21,12 @@ def test_latency_bench_measures_both_paths(db_dsn: str, tmp_path: Path) -> None:
                                 for sy in lb.SYSTEMS}
     assert all(len(v) == 2 * 4 and min(v) > 0 for v in res.samples.values())
     unchanged, written = res.counters["unchanged"], res.counters["after a write"]
-    # nothing committed between the queries: all from memory; after each write: none
-    assert unchanged["proxy.answered_in_memory"] == unchanged["proxy.used"] > 0
+    # Nothing this test runs commits between the queries, so all come from memory, except
+    # that a commit elsewhere in the cluster (autovacuum analysing another test's table)
+    # starts a new snapshot: then the next query of each protocol goes to the database.
+    missed = unchanged["proxy.used"] - unchanged["proxy.answered_in_memory"]
+    assert unchanged["proxy.answered_in_memory"] > 0
+    assert 0 <= missed <= len(lb.PROTOCOLS) * res.xids["unchanged"]
     assert written["proxy.answered_in_memory"] == 0 and written["maintenances"] > 0
     text = lb.report(res, machine_facts(), "python -m bench.latency_bench", 2_000, 2, 4)
     assert "| unchanged | simple |" in text and "mismatches: 0" in text
