@@ -51,9 +51,10 @@ class Result:
     checked: int = 0
     mismatches: list[str] = field(default_factory=list)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
-    xids: dict[str, int] = field(default_factory=dict)
-    """Per scenario: transaction ids assigned in the whole cluster meanwhile (the writer's,
-    but also autovacuum's and any other session's: each commit starts a new snapshot)."""
+    snapshot_changes: dict[str, int] = field(default_factory=dict)
+    """Per scenario: how often the cluster's snapshot changed between proxied queries (read
+    directly before each one and at the end): every commit of a transaction with an xid —
+    the writer's, but also autovacuum's or any other session's — starts a new snapshot."""
 
 
 def _load(dsn: str, rows: int) -> int:
@@ -83,21 +84,26 @@ def _counters(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return {k: int(v) for k, v in conn.execute("IMP SHOW STATS").fetchall() if k in keep}
 
 
-def _next_xid(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+def _snapshot(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
     assert row is not None
-    return int(row[0])
+    return str(row[0])
 
 
-def _warm_up(p: psycopg.Connection[Any], threshold: int, timeout: float = 60.0,
-             rounds: int = 3) -> None:
-    """Runs the query through the proxy, both protocols in turn, until ``rounds`` rounds in a
-    row are answered from memory: the sketch is captured, its table tracked (in the proxy's
-    background), its state built and saved, so the timed queries measure the steady state."""
+def _warm_up(p: psycopg.Connection[Any], d: psycopg.Connection[Any], threshold: int,
+             timeout: float = 60.0, rounds: int = 3) -> str:
+    """Runs the query through the proxy (``p``), both protocols in turn, until ``rounds``
+    rounds in a row are answered from memory: the sketch is captured, its table tracked (in
+    the proxy's background), its state built and saved, so the timed queries measure the
+    steady state. Returns the cluster's snapshot read (on ``d``) right before the last round:
+    the snapshot of the answers the proxy keeps (a commit in between would have made that
+    round miss)."""
     deadline = time.monotonic() + timeout
     good = 0
+    snapshot = ""
     while good < rounds:
         before = _counters(p).get("proxy.answered_in_memory", 0)
+        snapshot = _snapshot(d)
         for protocol in PROTOCOLS:
             _run(p, protocol, threshold)
         hits = _counters(p).get("proxy.answered_in_memory", 0) - before
@@ -105,6 +111,7 @@ def _warm_up(p: psycopg.Connection[Any], threshold: int, timeout: float = 60.0,
         if time.monotonic() > deadline:
             raise RuntimeError("the proxy never answered from memory: no steady state")
         time.sleep(0.05)
+    return snapshot
 
 
 def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
@@ -114,9 +121,9 @@ def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
             psycopg.connect(proxy_dsn, autocommit=True) as p, \
             psycopg.connect(direct_dsn, autocommit=True) as writer:
         conns = {"direct": d, "proxy": p}
-        _warm_up(p, threshold)
+        snapshot = _warm_up(p, d, threshold)
         for scenario in SCENARIOS:
-            before, xid = _counters(p), _next_xid(d)
+            before, changes = _counters(p), 0
             for block in range(blocks):
                 for protocol in PROTOCOLS:
                     order = SYSTEMS if block % 2 == 0 else SYSTEMS[::-1]
@@ -126,6 +133,10 @@ def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
                             if scenario == "after a write":
                                 writer.execute("UPDATE lat SET v = v + 1 WHERE id = %s",
                                                (1 + (block * 7919 + i) % 1000,))
+                            if system == "proxy":
+                                now = _snapshot(d)
+                                changes += now != snapshot
+                                snapshot = now
                             t0 = time.perf_counter()
                             got = _run(conns[system], protocol, threshold)
                             if i >= 5:
@@ -138,9 +149,11 @@ def measure(direct_dsn: str, proxy_dsn: str, threshold: int, blocks: int,
                                                           f"{want}")
             after = _counters(p)
             res.counters[scenario] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            res.xids[scenario] = _next_xid(d) - xid
-            log.info("%s done: %s, %d transaction ids assigned", scenario,
-                     res.counters[scenario], res.xids[scenario])
+            now = _snapshot(d)
+            res.snapshot_changes[scenario] = changes + (now != snapshot)
+            snapshot = now
+            log.info("%s done: %s, the snapshot changed %d times", scenario,
+                     res.counters[scenario], res.snapshot_changes[scenario])
     return res
 
 
@@ -182,7 +195,8 @@ def report(res: Result, facts: dict[str, Any], command: str, rows: int, blocks: 
               "warm-up queries included):", ""]
     for scenario, counts in res.counters.items():
         lines.append(f"* {scenario}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
-                     + f"; transaction ids assigned in the cluster: {res.xids.get(scenario, 0)}")
+                     + "; the cluster's snapshot changed between proxied queries "
+                     f"{res.snapshot_changes.get(scenario, 0)} times")
     if res.mismatches:
         lines += ["", "Mismatches:", *[f"* {m}" for m in res.mismatches[:20]]]
     return "\n".join(lines) + "\n"

@@ -61,6 +61,12 @@ def current_xid(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def assigned_xid(conn: psycopg.Connection[Any]) -> int | None:
+    """The current transaction's xid, or None when it has none (it wrote nothing)."""
+    row = conn.execute("SELECT pg_current_xact_id_if_assigned()::text::bigint").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def current_snapshot(conn: psycopg.Connection[Any]) -> str:
     row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
     assert row is not None

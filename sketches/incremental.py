@@ -155,7 +155,12 @@ def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
     """Tracks ``rels`` in one short transaction on ``conn`` (autocommit, a side connection),
     installing schema imp first if needed. The transaction is recorded as the manager's own:
     it creates triggers and audit tables, never changes user data. ``lock_timeout`` bounds how
-    long CREATE TRIGGER may queue behind the table's writers (and hold new writers back)."""
+    long CREATE TRIGGER may queue behind the table's writers (and hold new writers back).
+
+    A table tracked already (a query whose snapshot predates its tracking queues it again)
+    writes nothing, and then the transaction commits no xid: a commit would start a new
+    snapshot for every client — each sketch maintained once more, each answer kept in memory
+    dropped — for no change at all."""
     if not installed(conn):
         pg_extensions.install(conn)
     with conn.transaction():
@@ -163,7 +168,9 @@ def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
         for rel in rels:
             conn.execute("SELECT imp.track_table(to_regclass(%s))", (rel,))
-        catalog.record_own_xid(conn, freshness.current_xid(conn))
+        xid = freshness.assigned_xid(conn)
+        if xid is not None:
+            catalog.record_own_xid(conn, xid)
     log.info("tracking %s", ", ".join(rels))
 
 
