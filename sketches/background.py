@@ -9,8 +9,10 @@ Every round (``TICK`` seconds):
    maintenance or at least ``batch_size`` delta rows are pending (the two trigger policies of
    intermittent query processing) — in a REPEATABLE READ transaction of its own, under the
    sketch's template lock, exactly as a query would (so versions only move forward);
-3. every ``state_interval`` seconds: persists every state changed since it was last saved, then
-   deletes the audit rows every live state covers (``sketches.incremental.collect_garbage``).
+3. every ``state_interval`` seconds: persists every state changed since it was last saved over
+   audit rows (a version moved without a delta is not worth a commit:
+   ``IncrementalMaintenance.worth_saving``), then deletes the audit rows every live state
+   covers (``sketches.incremental.collect_garbage``).
 
 A template whose lock is busy (a query is preparing) is skipped for the round. Errors are
 logged; the thread keeps running (a broken pipeline is rebuilt by the next query).
@@ -164,7 +166,7 @@ class Background(threading.Thread):
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
-                if entry.dirty and m.settings.persist:
+                if entry.dirty and m.settings.persist and m.worth_saving(conn, entry):
                     with conn.transaction():
                         m._save_state(conn, entry)
                 for rel in pipeline.relids:

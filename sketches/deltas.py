@@ -403,6 +403,14 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     return probe, [fetched[i].fetchall() for i in range(len(queries))]
 
 
+def any_since(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> bool:
+    """Is there an audit row not covered by ``since``? (Newest first down the ``_xid``
+    index: the rows after a version are the newest.)"""
+    row = conn.execute(sql.SQL("SELECT 1 FROM {} AS d WHERE {} ORDER BY d._xid DESC LIMIT 1")
+                       .format(audit_source(info), delta_filter("d", since))).fetchone()
+    return row is not None
+
+
 def pending(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> int:
     """Number of audit rows not covered by ``since`` (for batch-size trigger policies)."""
     row = conn.execute(sql.SQL("SELECT count(*) FROM {} AS d WHERE {}").format(

@@ -339,6 +339,32 @@ class IncrementalMaintenance:
         entry.dirty = False
         self._remember_own_xid(conn)
 
+    def worth_saving(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:
+        """Should the background save this changed state now (the caller holds its lock)?
+        Yes when it was never saved, or when audit rows newer than the saved version exist:
+        that version holds back their garbage collection (a restart would read them again).
+
+        Why not every change of version: a version moves in every new snapshot, with or
+        without a delta, and saving commits — which starts a new snapshot, in which the next
+        query moves the version again. Without this check a proxy nobody writes through kept
+        saving every state each ``state_interval``, and each save made every answer kept in
+        memory miss. A saved state stays exact at its own version, so skipping costs nothing
+        but its age."""
+        sid, pipeline = entry.sketch.id, entry.pipeline
+        if sid is None or sid <= 0 or pipeline is None:
+            return False
+        stored = incremental.stored_version(conn, str(sid))
+        if stored is None:
+            return True
+        for relid in pipeline.relids:
+            try:
+                info = deltas.table_info(conn, relid)
+            except deltas.NotTracked:
+                return False  # the state is invalid: its next use rebuilds it
+            if deltas.any_since(conn, info, stored):
+                return True
+        return False
+
     def detach(self, entry: Entry) -> None:
         """The entry keeps no pipeline (a shared one stops maintaining its head)."""
         if entry.head is not None and entry.pipeline is not None:

@@ -350,6 +350,48 @@ def test_eager_maintains_in_the_background_and_collects_audit_rows(conn: Conn) -
         conn.execute("DELETE FROM r WHERE id >= 600000")
 
 
+def _stored(conn: Conn, sketch_id: int | None) -> str | None:
+    row = conn.execute("SELECT version::text FROM imp.ivm_state WHERE sketch_key = %s",
+                       (str(sketch_id),)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_a_version_moved_without_a_delta_is_not_saved(conn: Conn) -> None:
+    """The background saves a state changed by a delta; a state whose version only moved
+    (a new snapshot without writes to its tables) is not saved: that save would commit, and
+    the next query's snapshot would move the version again — a save every state_interval
+    with nobody writing, each one dropping every answer kept in memory."""
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy", state_interval=0.2))
+    try:
+        sql, params = QUERIES[0]
+        args = list(params or ())
+        first = check(m, conn, sql, params)
+        conn.execute("INSERT INTO f VALUES (500003, 3, 49, 96)")
+        assert _answers(m, conn, sql, args)[1].decision == "use"  # maintains over the row
+        version = m.get(first.sketch_id)
+        assert version is not None
+        wait_for(lambda: _stored(conn, first.sketch_id) == version.version)
+        saved = _stored(conn, first.sketch_id)
+        moved = 0
+        deadline = time.monotonic() + 1.5  # several state_intervals
+        while time.monotonic() < deadline:
+            conn.execute("SELECT txid_current()")  # a commit elsewhere: a new snapshot
+            before = m.get(first.sketch_id)
+            assert _answers(m, conn, sql, args)[1].decision == "use"
+            after = m.get(first.sketch_id)
+            assert before is not None and after is not None
+            moved += before.version != after.version
+            time.sleep(0.05)
+        assert moved > 0  # the versions did move, without a delta
+        assert _stored(conn, first.sketch_id) == saved
+        conn.execute("DELETE FROM f WHERE id = 500003")  # a delta: saved again
+        assert _answers(m, conn, sql, args)[1].decision == "use"
+        wait_for(lambda: _stored(conn, first.sketch_id) != saved)
+    finally:
+        m.close()
+        conn.execute("DELETE FROM f WHERE id = 500003")
+
+
 def collected_by(other: SketchManager, conn: Conn, g: int, w: int,
                  queries: list[tuple[str, tuple[object, ...] | None]]) -> None:
     """Inserts five rows (v 49, ``w``) into group ``g`` of f; ``other`` maintains each query
