@@ -166,9 +166,12 @@ class Background(threading.Thread):
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
-                if entry.dirty and m.settings.persist and m.worth_saving(conn, entry):
-                    with conn.transaction():
-                        m._save_state(conn, entry)
+                if entry.dirty and m.settings.persist:
+                    if m.worth_saving(conn, entry):
+                        with conn.transaction():
+                            m._save_state(conn, entry)
+                    else:  # checked once per move of its version, not every round
+                        entry.dirty = False
                 for rel in pipeline.relids:
                     live.setdefault(rel, []).append(pipeline.version)
         with conn.transaction():
