@@ -133,8 +133,7 @@ class Background(threading.Thread):
                 try:
                     if not due and pipeline.pending(conn) < m.settings.batch_size:
                         return
-                    m._catch_up(conn, entry, pipeline)  # another manager's GC: as a query does
-                    pipeline.maintain(conn)
+                    m._catch_up_and_maintain(conn, entry, pipeline)  # as a query does
                 except ENGINE_BUGS as exc:
                     m._engine_bug(entry, exc)
                     return

@@ -352,9 +352,25 @@ def read_settings(conn: psycopg.Connection[Any]) -> Iterator[None]:
             conn.execute(stmt)
 
 
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A read to run with the delta reads (:func:`read_batch`), prepared: a fixed ``text``
+    (``%s`` placeholders) and its ``params``."""
+
+    text: str
+    params: tuple[Any, ...] = ()
+
+
+def run(conn: psycopg.Connection[Any], st: Statement) -> list[tuple[Any, ...]]:
+    return conn.execute(st.text, st.params, prepare=True).fetchall()
+
+
+Rows = list[tuple[Any, ...]]
+
+
 def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
-               queries: Sequence[DeltaQuery],
-               since: str) -> tuple[Probe, list[list[tuple[Any, ...]]]] | None:
+               queries: Sequence[DeltaQuery], since: str,
+               also: Sequence[Statement] = ()) -> tuple[Probe, list[Rows], list[Rows]] | None:
     """:func:`fetch_query` of every query, then :func:`probe` with the visibility check of
     the audit tables read, in one round trip.
 
@@ -363,7 +379,9 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     as does a probe showing another audit table for a query's table. On None the caller goes
     the long way (probe first), which reports what changed. The probe may come last: every
     statement of the transaction reads the same snapshot, and the visibility check must
-    follow the fetches (:func:`_check_audits_visible`). Queries with a setup run last (its
+    follow the fetches (:func:`_check_audits_visible`). ``also`` run after the probe, their
+    rows returned third (a failing one makes the result None too). Queries with a setup run
+    last (its
     :data:`READ_SETTINGS` stay in effect for the reads after it; the others keep generic
     plans), and the savepoint is then rolled back to, as in :func:`read_settings`.
 
@@ -386,6 +404,7 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
                     conn.execute(q.setup, {"since": since}, prepare=True)
                 fetched[i] = conn.execute(q.text, {"since": since}, prepare=True)
             probed = conn.execute(check, prepare=True)
+            extra = [conn.execute(st.text, st.params, prepare=True) for st in also]
             for stmt in _UNDO if tuned else _UNDO[1:]:
                 conn.execute(stmt)
     except psycopg.Error as exc:
@@ -400,7 +419,8 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
         if info is None or info.audit_table != audit_table:
             return None
     _check_audits_visible(audits, rows[0])
-    return probe, [fetched[i].fetchall() for i in range(len(queries))]
+    return (probe, [fetched[i].fetchall() for i in range(len(queries))],
+            [cur.fetchall() for cur in extra])
 
 
 def any_since(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> bool:

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from sketches import catalog, freshness
+from sketches import catalog, deltas, freshness
 from sketches.deltas import Snapshot
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.pipeline import Pipeline
@@ -127,11 +127,20 @@ def installed(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+def stored_version_statement(key: str) -> deltas.Statement:
+    """The read of :func:`stored_version`, to run alongside others (:func:`deltas.read_batch`)."""
+    return deltas.Statement("SELECT version::text FROM imp.ivm_state WHERE sketch_key = %s",
+                            (key,))
+
+
+def stored_version_of(rows: Sequence[tuple[Any, ...]]) -> str | None:
+    """:func:`stored_version` from the rows of :func:`stored_version_statement`."""
+    return str(rows[0][0]) if rows else None
+
+
 def stored_version(conn: Conn, key: str) -> str | None:
     """The version of the persisted state ``key`` in this snapshot (None: no row)."""
-    row = conn.execute("SELECT version::text FROM imp.ivm_state WHERE sketch_key = %s",
-                       (key,)).fetchone()
-    return None if row is None else str(row[0])
+    return stored_version_of(deltas.run(conn, stored_version_statement(key)))
 
 
 def relations(pipeline: Pipeline) -> list[str]:

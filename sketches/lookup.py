@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -71,8 +72,8 @@ def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> st
     tables = list(analysis.tables)
     if not tables:
         return None
-    rows = conn.execute(_RELATIONS, ([t.schema for t in tables], [t.name for t in tables]))
-    for i, relkind, rls in rows.fetchall():
+    query = _relations_query(tuple((t.schema, t.name) for t in tables))
+    for i, relkind, rls in conn.execute(query, prepare=True).fetchall():
         t = tables[int(i) - 1]
         if relkind in ("v", "f"):
             return f"{t.name} is a view or foreign table: its rows may depend on the role"
@@ -81,13 +82,25 @@ def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> st
     return None
 
 
-_RELATIONS = (
+_RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity"
-    " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(s, n, i)"
+    " FROM unnest({}::text[], {}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(CASE WHEN u.s IS NULL"
     " THEN quote_ident(u.n) ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)"
     " ORDER BY u.i")
-"""Kind and row-level security of each table (schema, name; in one round trip, in order)."""
+
+
+@lru_cache(maxsize=256)
+def _relations_query(tables: tuple[tuple[str | None, str], ...]) -> str:
+    """Kind and row-level security of each table (schema, name; in one round trip, in order).
+
+    Why literals, not parameters: the check runs again after every commit (its cache is per
+    snapshot), and a prepared statement without parameters keeps one generic plan, where
+    array parameters are planned anew on every call (most of the check's server time). Text,
+    not bytes: psycopg encodes it in the connection's encoding (names may be non-ASCII)."""
+    schemas = psql.Literal([s for s, _n in tables])
+    names = psql.Literal([n for _s, n in tables])
+    return _RELATIONS.format(schemas, names).as_string(None)
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,

@@ -247,8 +247,7 @@ class IncrementalMaintenance:
             return entry.sketch
         started = time.perf_counter()
         try:
-            self._catch_up(conn, entry, pipeline)
-            pipeline.maintain(conn)
+            self._catch_up_and_maintain(conn, entry, pipeline)
         except deltas.VersionAhead:
             self._count("version_ahead")
             return "the sketch's state is newer than the query's snapshot"
@@ -276,23 +275,30 @@ class IncrementalMaintenance:
         self.detach(entry)
         entry.ivm_off = f"engine error: {exc!r}"
 
-    def _catch_up(self, conn: psycopg.Connection[Any], entry: Entry,
-                  pipeline: Pipeline) -> None:
-        """If another manager (a second proxy on this database) persisted a newer state of
-        this sketch, its garbage collection may have removed deltas ours still needs: continue
-        from that state instead (it is visible here, so it is not newer than this snapshot's
-        view of the audit tables). A pipeline shared by several sketches cannot take one
-        sketch's state: it breaks, and each of its sketches is captured anew.
+    def _catch_up_and_maintain(self, conn: psycopg.Connection[Any], entry: Entry,
+                               pipeline: Pipeline) -> None:
+        """``pipeline.maintain(conn)``, first continuing from a newer persisted state of the
+        sketch if another manager (a second proxy on this database) saved one: its garbage
+        collection may have removed deltas ours still needs. That state is visible here, so
+        it is not newer than this snapshot's view of the audit tables. A pipeline shared by
+        several sketches cannot take one sketch's state: it breaks, and each of its sketches
+        is captured anew.
+
+        The saved version is read in the same round trip as the deltas (they are applied
+        only when no newer state exists), not in one of its own before them.
 
         Why checking this sketch's own row suffices for a shared pipeline: every sketch on it
         persisted its row at a version the pipeline has reached, so the other manager's
         garbage collection passes that version only after it replaced all of those rows."""
         sid = entry.sketch.id
         if not self.settings.persist or sid is None or sid <= 0 or pipeline.version is None:
+            pipeline.maintain(conn)
             return
-        stored = incremental.stored_version(conn, str(sid))
+        read = pipeline.read(conn, [incremental.stored_version_statement(str(sid))])
+        stored = incremental.stored_version_of(read.also[0])
         if stored is None or deltas.Snapshot.parse(stored).within(
                 deltas.Snapshot.parse(pipeline.version)):
+            pipeline.apply(conn, read)
             return
         if pipeline.heads:
             pipeline.broken = True
@@ -303,6 +309,7 @@ class IncrementalMaintenance:
         if not ivm_state.load(conn, str(sid), pipeline):
             raise PipelineBroken("the persisted state disappeared")
         self._count("states_loaded")
+        pipeline.maintain(conn)
 
     def _note_maintenance(self, entry: Entry, seconds: float) -> None:
         pipeline = entry.pipeline

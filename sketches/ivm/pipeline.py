@@ -10,7 +10,9 @@ never commits):
   (``sketches.backends.base.AggregateState`` built by Spark in the same snapshot) replaces the
   aggregate operator's queries.
 * ``maintain(conn) -> SketchDelta``: fetches the deltas since the version in conn's snapshot,
-  steps the operators, advances the version. A query calls it in its own snapshot.
+  steps the operators, advances the version. A query calls it in its own snapshot. Its two
+  halves, ``read`` (with further statements in the same round trip) and ``apply``, let a
+  caller look at what it read before the state changes.
 * ``sketch()``: the current fragment sets (one per target, in target order).
 * ``snapshot()`` / ``restore()``: JSON-able state (see :mod:`sketches.ivm.state`).
 * ``add_head(spec)``: a further sketch over the same aggregation (a query that differs only in
@@ -129,6 +131,18 @@ class Head:
     def step(self, out: ZSet) -> SketchDelta:
         """Merges the aggregate's output delta ``out`` that passes this head's HAVING."""
         return self.merge.step(out if self.having is None else self.having.step(out))
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaRead:
+    """What :meth:`Pipeline.read` read: from the state's version ``since`` to ``snapshot``
+    (conn's), the delta ``rows`` as :meth:`Pipeline.apply` takes them, and the rows of each
+    statement asked for alongside (``also``)."""
+
+    since: str
+    snapshot: str
+    rows: list[list[tuple[Any, ...]]]
+    also: list[list[tuple[Any, ...]]]
 
 
 class Pipeline:
@@ -504,11 +518,26 @@ class Pipeline:
     # ---- maintenance ---------------------------------------------------------------------
     def maintain(self, conn: Conn) -> SketchDelta:
         """Brings the state to conn's snapshot; returns the sketch delta."""
+        return self.apply(conn, self.read(conn))
+
+    def read(self, conn: Conn, also: Sequence[deltas.Statement] = ()) -> DeltaRead:
+        """The first half of :meth:`maintain`: the deltas since the version in conn's snapshot,
+        read without touching the state. ``also``: further statements read in the same round
+        trip (their rows in :attr:`DeltaRead.also`), for a caller that decides from them
+        whether to :meth:`apply` this read at all."""
         if self.broken:
             raise PipelineBroken("an earlier maintenance failed: rebuild or restore the state")
         if self.version is None:
             raise PipelineBroken("no state: call build_state or restore first")
-        current, rows = self._read_deltas(conn, self.version)
+        current, rows, extra = self._read_deltas(conn, self.version, also)
+        return DeltaRead(self.version, current, rows, extra)
+
+    def apply(self, conn: Conn, read: DeltaRead) -> SketchDelta:
+        """The second half of :meth:`maintain`: steps the operators on ``read`` (taken from
+        this state's version, in conn's snapshot) and moves the version."""
+        if read.since != self.version or self.broken:
+            raise PipelineBroken("the delta was read for another version of the state")
+        current, rows = read.snapshot, read.rows
         empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
         self.applied = 0
         if current == self.version:
@@ -545,16 +574,18 @@ class Pipeline:
         self.version = current
         return change
 
-    def _read_deltas(self, conn: Conn, since: str) -> tuple[str, list[list[tuple[Any, ...]]]]:
-        """conn's snapshot and every table's delta rows since ``since``: one pipelined round
-        trip once the audit tables are known (:func:`deltas.read_batch`); else, or when their
-        tracking changed, the probe first and one fetch per table."""
+    def _read_deltas(self, conn: Conn, since: str, also: Sequence[deltas.Statement] = ()
+                     ) -> tuple[str, list[list[tuple[Any, ...]]], list[list[tuple[Any, ...]]]]:
+        """conn's snapshot, every table's delta rows since ``since`` and the rows of ``also``:
+        one pipelined round trip once the audit tables are known (:func:`deltas.read_batch`);
+        else, or when their tracking changed, the probe first and one fetch per table."""
         try:
             if self._queries is not None:
-                batch = deltas.read_batch(conn, self.relids, self._queries, since)
+                batch = deltas.read_batch(conn, self.relids, self._queries, since, also)
                 if batch is not None:
-                    self._check_tracking(conn, batch[0])
-                    return batch[0].snapshot, batch[1]
+                    probe, rows, extra = batch
+                    self._check_tracking(conn, probe)
+                    return probe.snapshot, rows, extra
             with deltas.read_settings(conn):
                 try:
                     probe = deltas.probe(conn, self.relids)
@@ -562,8 +593,8 @@ class Pipeline:
                     raise Invalidated(str(exc)) from exc
                 infos = self._check_tracking(conn, probe)
                 self._queries = self._delta_queries(conn, infos)
-                return probe.snapshot, [deltas.fetch_query(conn, q, since)
-                                        for q in self._queries]
+                rows = [deltas.fetch_query(conn, q, since) for q in self._queries]
+            return probe.snapshot, rows, [deltas.run(conn, st) for st in also]
         except deltas.AuditRebuilt as exc:
             self._queries = None
             raise Invalidated(str(exc)) from exc

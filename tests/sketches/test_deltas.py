@@ -106,10 +106,14 @@ def test_pipelined_read_equals_probe_and_fetch(table: str) -> None:
         q = deltas.delta_query(c, info, "d", [sql.Identifier("d", "id")],
                                [sql.SQL("d.b LIKE '%\\%'")])
         probe = deltas.probe(c, [info.relid])
-        batch = deltas.read_batch(c, [info.relid], [q], v0)
+        also = [deltas.Statement("SELECT pg_current_snapshot()::text, %s::int", (5,)),
+                deltas.Statement("SELECT id FROM d WHERE id >= %s ORDER BY id", (200,))]
+        batch = deltas.read_batch(c, [info.relid], [q], v0, also)
         assert batch is not None
         assert batch[0] == probe
         assert batch[1] == [deltas.fetch_query(c, q, v0)] == [[(200, 1)]]
+        # the further reads ran in the same snapshot, their rows in the order asked
+        assert batch[2] == [[(probe.snapshot, 5)], [(200,), (201,)]]
         c.commit()
 
 
@@ -124,6 +128,10 @@ def test_pipelined_read_failure_leaves_the_transaction_usable(table: str) -> Non
         assert deltas.read_batch(c, [info.relid], [q], v) is None
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         assert deltas.require_snapshot(c) == v       # same transaction, same snapshot
+        good = deltas.delta_query(c, info, "d", [sql.Identifier("d", "id")])
+        bad = deltas.Statement("SELECT 1 FROM imp.no_such_table WHERE 1 = %s", (1,))
+        assert deltas.read_batch(c, [info.relid], [good], v, [bad]) is None
+        assert deltas.require_snapshot(c) == v
         c.commit()
     with psycopg.connect(table, autocommit=True) as c:
         assert deltas.read_batch(c, [1], [], "1:1:") is None   # not inside a transaction

@@ -47,3 +47,32 @@ def test_role_dependent_once_search_path_finds_the_table(conn: psycopg.Connectio
         assert got is not None and got.startswith("shown is a view")
     finally:
         conn.execute("RESET search_path")
+
+
+def test_role_dependent_follows_the_catalog_and_search_path_as_they_change(
+        conn: psycopg.Connection[Any]) -> None:
+    """The check is a prepared statement kept across calls: each call must still read the
+    catalog and resolve names as they are now (RLS switched on later, a search_path change
+    that finds another table of the same name, a non-ASCII quoted name)."""
+    conn.execute('CREATE TABLE lk."Größe ""x""" (id int, g int)')
+    conn.execute("CREATE TABLE lk2_plain (g int, v int)")
+    try:
+        named = analyse('SELECT g, count(*) FROM lk."Größe ""x""" GROUP BY g'
+                        " HAVING count(*) > 1", lenient=True)
+        bare = analyse("SELECT g, sum(v) FROM lk2_plain GROUP BY g HAVING sum(v) > 3",
+                       lenient=True)
+        for _ in range(7):   # past PostgreSQL's five custom plans
+            assert lookup.role_dependent(conn, named) is None
+            assert lookup.role_dependent(conn, bare) is None
+        conn.execute('ALTER TABLE lk."Größe ""x""" ENABLE ROW LEVEL SECURITY')
+        got = lookup.role_dependent(conn, named)
+        assert got is not None and got.startswith('Größe "x" has row-level security')
+        conn.execute("CREATE VIEW lk.lk2_plain AS SELECT 1 AS g, 2 AS v")
+        conn.execute("SET search_path = lk, public")
+        got = lookup.role_dependent(conn, bare)   # the view now comes first on the path
+        assert got is not None and got.startswith("lk2_plain is a view")
+    finally:
+        conn.execute("RESET search_path")
+        conn.execute('DROP TABLE lk."Größe ""x"""')
+        conn.execute("DROP VIEW IF EXISTS lk.lk2_plain")
+        conn.execute("DROP TABLE lk2_plain")

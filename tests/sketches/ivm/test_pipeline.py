@@ -21,7 +21,7 @@ from psycopg import sql
 import pg_extensions
 from sketches import deltas
 from sketches.ivm import state as ivm_state
-from sketches.ivm.errors import Invalidated
+from sketches.ivm.errors import Invalidated, PipelineBroken
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import Options, SketchTarget, compile
 from sketches.ranges import RangePartition
@@ -664,11 +664,41 @@ def _maintained_once(db: str, pipe: Pipeline, warm: bool) -> None:
     round trip (``deltas.read_batch``); else it probes first."""
     if warm:
         with psycopg.connect(db, autocommit=True) as c:
-            c.execute("INSERT INTO s1 VALUES (999, 2, 1, 1)")
+            c.execute("INSERT INTO s1 VALUES (999, 2, 1, 1)"
+                      " ON CONFLICT (id) DO UPDATE SET v = s1.v + 1")
         with snapshot_conn(db) as c:
             pipe.maintain(c)
             c.commit()
         assert pipe._queries is not None
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
+def test_read_then_apply_is_maintain_and_a_read_alone_changes_nothing(db: str,
+                                                                      warm: bool) -> None:
+    """``maintain`` split in two: ``read`` (with further statements in the same snapshot)
+    leaves the state as it was; ``apply`` of that read maintains exactly; a read taken at
+    another version of the state is refused."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, HAVING)
+    _maintained_once(db, pipe, warm)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE s1 SET v = v + 20 WHERE id = 3")
+        c.execute("DELETE FROM s1 WHERE g = 0")
+    version, sketch = pipe.version, pipe.sketch()
+    also = [deltas.Statement("SELECT pg_current_snapshot()::text, count(*) FROM s1"
+                             " WHERE id IS DISTINCT FROM %s", (-1,))]
+    with snapshot_conn(db) as c:
+        read = pipe.read(c, also)
+        assert (pipe.version, pipe.sketch()) == (version, sketch)
+        count = c.execute("SELECT count(*) FROM s1").fetchone()
+        assert read.also == [[(read.snapshot, count[0] if count else None)]]
+        pipe.apply(c, read)
+        assert pipe.version == read.snapshot != version
+        assert pipe.sketch() == exact_sketch(c, HAVING) != sketch
+        with pytest.raises(PipelineBroken):
+            pipe.apply(c, read)     # read at the old version
+        c.commit()
+    check(db, pipe, HAVING)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["probe-first", "pipelined"])
