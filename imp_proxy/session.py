@@ -127,6 +127,9 @@ class Session(LocalAdmin):
         self.statements: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._shape: intercept.BatchShape | None = None
+        # the last Parse text prefilter turned down: drivers parse the same text again and
+        # again (unnamed statements), and the comparison is cheaper than the prefilter
+        self._plain_parse = b""
         self._tls_done = False
         # a client must complete startup + authentication in time (slowloris, stuck clients)
         self._startup_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -327,7 +330,9 @@ class Session(LocalAdmin):
                 self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
             if self.sketching:
                 sql_end = data.find(b"\x00", name_end + 1, end)
-                if not prefilter(data[name_end + 1:sql_end]):  # cheap: most are never sketched
+                text = data[name_end + 1:sql_end]
+                if text == self._plain_parse or not prefilter(text):  # most are never sketched
+                    self._plain_parse = text
                     if self.statements:
                         self.statements.pop(data[pos + 5:name_end].decode(errors="replace"),
                                             None)
