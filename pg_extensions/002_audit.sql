@@ -200,6 +200,10 @@ $$;
 -- Then ANALYZEs the audit table: with a histogram of the remaining xids the planner sees that a
 -- delta (the newest xids) is small; without one it guesses a third of the table, and a join's
 -- delta query (sketches/ivm/partials.py) would hash whole base tables for a few delta rows.
+-- Also when nothing was deleted but the table has outgrown its statistics (more rows written
+-- since the last ANALYZE than it had then; never analysed yet), e.g. while a sketch's state
+-- holds the bound back: 14 ms instead of 1.7 ms for a 100-row join delta in a 5,000-row
+-- audit table never analysed (a hash over a 320K-row partner).
 CREATE OR REPLACE FUNCTION imp.gc_deltas(rel regclass, snap pg_snapshot) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -213,7 +217,10 @@ BEGIN
     EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
                    ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
     GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 THEN
+    -- statistics for the delta reads' plans: after a delete, and while writes outgrow them
+    -- (never analysed: reltuples < 0) when no delete comes (a state holds the bound back)
+    IF n > 0 OR pg_stat_get_mod_since_analyze(audit) >
+            (SELECT greatest(100, c.reltuples) FROM pg_class c WHERE c.oid = audit) THEN
         EXECUTE format('ANALYZE %s', audit);
     END IF;
     RETURN n;

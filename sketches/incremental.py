@@ -241,7 +241,8 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
         deleted += int(row[0]) if row and row[0] else 0
-    if deleted or orphans:
-        catalog.record_own_xid(conn, freshness.current_xid(conn))
+    xid = freshness.assigned_xid(conn)   # a delete, or an ANALYZE of a grown audit table
+    if xid is not None:
+        catalog.record_own_xid(conn, xid)
     log.debug("gc: %d audit rows deleted", deleted)
     return deleted

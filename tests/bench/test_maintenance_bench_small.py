@@ -5,8 +5,10 @@ No timing is asserted."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bench.maintenance_bench import SCALES, BenchRun, run
@@ -48,3 +50,19 @@ def test_outputs_written(small: tuple[BenchRun, Path]) -> None:
         rows = list(csv.DictReader(f))
     assert len(rows) == sum(len(r.measurements) for r in result.results)
     assert {row["shape"] for row in rows} == set(SCALES["small"].shapes)
+
+
+def test_gc_held_back_keeps_the_audit_rows(db_dsn: str, tmp_path: Path) -> None:
+    """``--gc-held``: the join shapes still maintain exactly while the audit rows of every
+    repetition stay (the collection deletes nothing), and the report says so."""
+    scale = dataclasses.replace(SCALES["small"], shapes=("join-1n-5%", "join-mn-5%"),
+                                deltas=(10, 100), fractions=(), gc_held=True)
+    result = run(db_dsn, "small", scale, tmp_path, "held")
+    assert result.ok and "GC held back" in result.markdown
+    with psycopg.connect(db_dsn) as c:
+        audit = c.execute("SELECT audit_table::text FROM imp.tracked_tables"
+                          " WHERE relid = 'imp_mb_r'::regclass").fetchone()
+        assert audit is not None
+        left = c.execute(f"SELECT count(*) FROM {audit[0]}").fetchone()  # noqa: S608
+    # two shapes × (10 + 100) mixed rows: at least one audit row per written row stays
+    assert left is not None and left[0] >= 2 * (10 + 100)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -231,3 +232,34 @@ def test_gc_analyzes_the_audit_table_it_shrank(conn: Conn, tracked: str) -> None
                         (tracked, version[0])).fetchone() == (50,)
     analyzed = conn.execute(stats).fetchone()
     assert analyzed is not None and analyzed[0] > 0
+
+
+def test_gc_analyzes_an_audit_table_that_outgrew_its_statistics(conn: Conn,
+                                                                 tracked: str) -> None:
+    """Nothing to delete (a state holds the bound back) does not leave the audit table without
+    statistics once it has grown: never analysed and 150 rows written, it is analysed; with
+    no more writes since, it is not analysed again."""
+    t = sql.Identifier(tracked)
+    audit = audit_table(conn, tracked)
+    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
+                 .format(sql.SQL(audit)))   # only gc_deltas may analyse it here
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 150) i"
+                         ).format(t))
+    mods = sql.SQL("SELECT pg_stat_get_mod_since_analyze({}::regclass)").format(
+        sql.Literal(audit))
+    deadline = time.monotonic() + 30
+    while (conn.execute(mods).fetchone() or (0,))[0] < 150:   # statistics arrive in batches
+        assert time.monotonic() < deadline, "the inserts never reached the statistics"
+        time.sleep(0.2)
+    analysed = sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass").format(
+        sql.Literal(audit))
+    assert conn.execute(analysed).fetchone() == (-1,)     # never analysed
+    nothing = "1:1:"                                      # covers no audit row
+    gc = "SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)"
+    assert conn.execute(gc, (tracked, nothing)).fetchone() == (0,)
+    assert conn.execute(analysed).fetchone() == (150,)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1000, 1, 1, 'x')").format(t))
+    conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(audit)))   # now 151 rows known
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1001, 1, 1, 'y')").format(t))
+    assert conn.execute(gc, (tracked, nothing)).fetchone() == (0,)
+    assert conn.execute(analysed).fetchone() == (151,)    # one write: not analysed again
