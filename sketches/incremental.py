@@ -222,9 +222,9 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     in a transaction that began after ``low`` was read. Returns the rows deleted."""
     # states whose sketch is gone (a capture rolled back after saving, a drop elsewhere)
     # would hold the bound back for ever
-    orphans = conn.execute(
+    conn.execute(
         "DELETE FROM imp.ivm_state s WHERE s.sketch_key ~ '^[0-9]+$' AND NOT EXISTS"
-        " (SELECT 1 FROM imp.sketches k WHERE k.id = s.sketch_key::bigint AND k.valid)").rowcount
+        " (SELECT 1 FROM imp.sketches k WHERE k.id = s.sketch_key::bigint AND k.valid)")
     rows = conn.execute(
         "SELECT rel::bigint, s.version::text FROM imp.ivm_state s,"
         " LATERAL jsonb_object_keys(s.epochs) AS rel").fetchall()
@@ -241,7 +241,7 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
         deleted += int(row[0]) if row and row[0] else 0
-    xid = freshness.assigned_xid(conn)   # a delete, or an ANALYZE of a grown audit table
+    xid = freshness.assigned_xid(conn)   # a delete (orphans, audit rows) or an ANALYZE
     if xid is not None:
         catalog.record_own_xid(conn, xid)
     log.debug("gc: %d audit rows deleted", deleted)
