@@ -599,7 +599,10 @@ class UpdateSequences(RuleBasedStateMachine):
     def remove_extremes(self) -> None:
         self.writer.execute("DELETE FROM f WHERE w = (SELECT max(w) FROM f)"
                             " OR v = (SELECT min(v) FROM f)")
-        self.writer.execute("DELETE FROM s WHERE b = (SELECT max(b) FROM s)")
+        # rows the open concurrent transaction deleted are locked until a later step ends it:
+        # waiting for them would wait for ever (one thread runs every step)
+        self.writer.execute("DELETE FROM s WHERE id IN (SELECT id FROM s"
+                            " WHERE b = (SELECT max(b) FROM s) FOR UPDATE SKIP LOCKED)")
 
     @rule()
     def remove_top_rows(self) -> None:
