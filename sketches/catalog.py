@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
+from sketches import freshness
 from sketches.ranges import RangePartition
 from sketches.sketch import Sketch
 
@@ -34,6 +35,14 @@ def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
     transactions (pg_extensions/003_own_xacts.sql), so a restarted manager knows it too."""
     conn.execute("INSERT INTO imp.own_xacts (xid) VALUES (%s::text::xid8) ON CONFLICT DO NOTHING",
                  (str(xid),))
+
+
+def record_if_writer(conn: psycopg.Connection[Any]) -> None:
+    """:func:`record_own_xid` of the current transaction if it got an xid (it wrote
+    something); one without an xid commits nothing another snapshot could see."""
+    xid = freshness.assigned_xid(conn)
+    if xid is not None:
+        record_own_xid(conn, xid)
 
 
 def own_xids(conn: psycopg.Connection[Any]) -> set[int]:

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from sketches import catalog, deltas, freshness
+from sketches import catalog, deltas
 from sketches.deltas import Snapshot
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.pipeline import Pipeline
@@ -177,9 +177,7 @@ def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
         for rel in rels:
             conn.execute("SELECT imp.track_table(to_regclass(%s))", (rel,))
-        xid = freshness.assigned_xid(conn)
-        if xid is not None:
-            catalog.record_own_xid(conn, xid)
+        catalog.record_if_writer(conn)
     log.info("tracking %s", ", ".join(rels))
 
 
@@ -241,8 +239,6 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
         deleted += int(row[0]) if row and row[0] else 0
-    xid = freshness.assigned_xid(conn)   # a delete (orphans, audit rows) or an ANALYZE
-    if xid is not None:
-        catalog.record_own_xid(conn, xid)
+    catalog.record_if_writer(conn)   # a delete (orphans, audit rows) or an ANALYZE
     log.debug("gc: %d audit rows deleted", deleted)
     return deleted
