@@ -263,3 +263,34 @@ def test_gc_analyzes_an_audit_table_that_outgrew_its_statistics(conn: Conn,
     conn.execute(sql.SQL("INSERT INTO {} VALUES (1001, 1, 1, 'y')").format(t))
     assert conn.execute(gc, (tracked, nothing)).fetchone() == (0,)
     assert conn.execute(analysed).fetchone() == (151,)    # one write: not analysed again
+
+
+def test_gc_keeps_the_statistics_of_an_audit_table_until_it_outgrows_them(
+        conn: Conn, tracked: str) -> None:
+    """An analysed audit table that GC shrinks is not analysed again (an ANALYZE would make
+    every sketch's next delta read plan anew); once it spans more than twice the pages its
+    statistics saw, it is."""
+    t = sql.Identifier(tracked)
+    audit = audit_table(conn, tracked)
+    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
+                 .format(sql.SQL(audit)))   # only gc_deltas may analyse it here
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 300) i"
+                         ).format(t))
+    conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(audit)))
+    version = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert version is not None
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'b' FROM generate_series(301, 310) i"
+                         ).format(t))
+    known = sql.SQL("SELECT reltuples, relpages FROM pg_class WHERE oid = {}::regclass").format(
+        sql.Literal(audit))
+    before = conn.execute(known).fetchone()
+    assert before is not None and before[0] == 300
+    gc = "SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)"
+    assert conn.execute(gc, (tracked, version[0])).fetchone() == (300,)
+    assert conn.execute(known).fetchone() == before         # shrunk: not analysed
+    rows = 2 * 300 * (before[1] + 1)                        # well past twice its pages
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'c' FROM generate_series(1001, {}) i"
+                         ).format(t, sql.Literal(1000 + rows)))
+    assert conn.execute(gc, (tracked, "1:1:")).fetchone() == (0,)
+    after = conn.execute(known).fetchone()
+    assert after is not None and after[0] == rows + 10     # grown: analysed
