@@ -60,7 +60,7 @@ Conn = psycopg.Connection[Any]
 
 
 def _test(having: Having | None) -> HavingTest | None:
-    return None if having is None else (having.test, having.columns)
+    return None if having is None else (having.test, having.columns, having.predicate)
 
 
 def _raw(text: str) -> sql.Composable:

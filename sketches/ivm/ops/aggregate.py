@@ -31,6 +31,7 @@ from typing import Any, cast
 
 from sketches.ivm.codec import Json, decode_row, encode_row
 from sketches.ivm.errors import BufferExhausted, InconsistentDelta, NotMaintainable
+from sketches.ivm.expr import Expr
 from sketches.ivm.operator import Operator, check_kind
 from sketches.ivm.ops.accumulators import (
     FUNCTIONS,
@@ -39,6 +40,7 @@ from sketches.ivm.ops.accumulators import (
     ValueBuffer,
     make_accumulator,
 )
+from sketches.ivm.ops.grouptest import compile_group_test
 from sketches.ivm.ops.merge import count_fragment
 from sketches.ivm.zset import Ann, Row, ZSet
 
@@ -298,12 +300,22 @@ class Aggregate(Operator):
 
     def _pass_test(self, having: HavingTest | None) -> Callable[[Row, GroupState], bool]:
         """``(key, state) -> bool``: the group has an output row and it passes ``having``;
-        from ``state.passed`` when known, else computed (with placeholders for the aggregates
-        the test does not read) and remembered."""
+        from ``state.passed`` when known, else computed and remembered — on the accumulators
+        (:mod:`sketches.ivm.ops.grouptest`) when the predicate allows, else on an output row
+        with placeholders for the aggregates the test does not read."""
         if having is None:
             return lambda key, st: st.count > 0
-        test, cols = having
+        test, cols, predicate = having
         width = len(self.group_by)
+        on_group = compile_group_test(predicate, width)
+        if on_group is not None:
+            def lazily(key: Row, st: GroupState) -> bool:
+                if st.count <= 0:
+                    return False
+                if st.passed is None:
+                    st.passed = on_group((key, st.accs)) is True
+                return st.passed
+            return lazily
         needed = [width + i in cols for i in range(len(self.aggs))]
         if all(needed):
             def results(accs: list[Accumulator]) -> tuple[object, ...]:
@@ -507,8 +519,9 @@ Partial = tuple[Row, Sequence[tuple[int, int]], int, Sequence[object]]
 """A pre-aggregated delta row: group key, ``(slot, fragment)`` pairs, row-count change, one
 partial change per aggregate (see :meth:`Aggregate.step_partials`)."""
 
-HavingTest = tuple[Callable[[Row], object], frozenset[int]]
-"""HAVING as a function of an output row (True, False or None) and the positions it reads."""
+HavingTest = tuple[Callable[[Row], object], frozenset[int], Expr]
+"""HAVING as a function of an output row (True, False or None), the positions it reads, and
+the predicate itself."""
 
 ValueChange = tuple[Row, int, object, int]
 """Group key, index of a min/max aggregate, a value, its net multiplicity change."""

@@ -8,7 +8,8 @@ subtree below the selection is stateless the predicate is pushed into the delta 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, columns
@@ -16,6 +17,7 @@ from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
 Eval = Callable[[Row], object]
+T = TypeVar("T")
 
 
 class Select(Operator):
@@ -43,18 +45,19 @@ def _compile(expr: Expr) -> Eval:
     column and a constant) then cost one Python call per comparison instead of three. Same
     three-valued results and errors as :mod:`sketches.ivm.expr`; other nodes use ``eval``."""
     if type(expr) is Or or type(expr) is And:
-        return _connective([_compile(a) for a in expr.args], type(expr) is Or)
+        return connective([_compile(a) for a in expr.args], type(expr) is Or)
     if (type(expr) is Cmp and type(expr.left) is Col and type(expr.right) is Const
             and expr.right.value is not None and not isinstance(expr.right.value, str)):
-        return _column_vs_constant(expr.op, expr.left.index, expr.right.value)
+        return column_vs_constant(expr.op, expr.left.index, expr.right.value)
     return expr.eval
 
 
-def _connective(args: list[Eval], is_or: bool) -> Eval:
-    """OR (``is_or``) / AND with SQL's three-valued logic, as :class:`Or` / :class:`And`."""
+def connective(args: Sequence[Callable[[T], object]], is_or: bool) -> Callable[[T], object]:
+    """OR (``is_or``) / AND of tests with SQL's three-valued logic, as :class:`Or` /
+    :class:`And` (the tests after a decisive one are not run)."""
     decisive = is_or   # OR stops at TRUE, AND at FALSE
 
-    def connective(row: Row) -> object:
+    def test(row: T) -> object:
         unknown = False
         for arg in args:
             v = arg(row)
@@ -63,10 +66,10 @@ def _connective(args: list[Eval], is_or: bool) -> Eval:
             if v is None:
                 unknown = True
         return None if unknown else not decisive
-    return connective
+    return test
 
 
-def _column_vs_constant(op: str, col: int, const: object) -> Eval:
+def column_vs_constant(op: str, col: int, const: object) -> Eval:
     """:class:`Cmp` of ``row[col]`` with a non-NULL, non-text constant."""
     compare = _CMP[op]
     ordering = op not in ("=", "<>", "!=")

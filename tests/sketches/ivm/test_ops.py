@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sketches.ivm import reference as ref
 from sketches.ivm.errors import BufferExhausted
-from sketches.ivm.expr import And, Arith, Cmp, Col, Const, IsNull, Not, Or
+from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, IsNull, Not, Or
 from sketches.ivm.ops.aggregate import Aggregate, AggSpec
 from sketches.ivm.ops.distinct import Distinct
 from sketches.ivm.ops.having import Having
@@ -310,15 +310,21 @@ def as_partials(delta: ZSet, aggs: tuple[AggSpec, ...]) -> tuple[list[Any], list
     return parts, [(k, i, v, w) for (k, i, v), w in values.items() if w]
 
 
+ON_ROWS = Or((Cmp(">", Col(3), Const(1)), IsNull(Col(5))))  # sum(v), min(v)
+ON_GROUPS = Or((Cmp(">=", Col(4), Const(Decimal("0.5"))),    # avg(v), on the accumulators
+                And((Cmp("<", Col(8), Const(Decimal("1.3"))), Cmp("<>", Col(6), Const(2))))))
+
+
+@pytest.mark.parametrize("having", [ON_ROWS, ON_GROUPS], ids=["row-test", "group-test"])
 @SETTINGS
-@given(st.data())
-def test_fused_aggregate_having_merge(data: st.DataObject) -> None:
+@given(data=st.data())
+def test_fused_aggregate_having_merge(having: Expr, data: st.DataObject) -> None:
     """``Aggregate.step_sketch`` + ``Merge.apply`` (HAVING fused, only the aggregates it reads
     computed) gives the sketch of the naive twin and of step_partials → HAVING → merge, also
     across a snapshot/restore (which forgets every group's remembered HAVING outcome); so do
     the further HAVING conditions it maintains on the same state (``others``), NULL-valued
-    tests and no HAVING at all among them."""
-    having = Or((Cmp(">", Col(3), Const(1)), IsNull(Col(5))))  # sum(v), min(v)
+    tests and no HAVING at all among them. The HAVING is tested on output rows, or on the
+    accumulators (``sketches.ivm.ops.grouptest``: an AND/OR of comparisons with constants)."""
     others = (Cmp("<", Col(3), Const(3)), Cmp(">=", Col(5), Const(2)), None)
     test = Having(having)
     tests = [None if h is None else Having(h) for h in others]
@@ -336,8 +342,9 @@ def test_fused_aggregate_having_merge(data: st.DataObject) -> None:
         delta = draw_batch(data, bag)
         bag.extend(delta)
         parts, values = as_partials(delta, ALL_AGGS)
-        changes = fused.step_sketch(parts, values, (test.test, test.columns),
-                                    [None if t is None else (t.test, t.columns) for t in tests])
+        changes = fused.step_sketch(
+            parts, values, (test.test, test.columns, test.predicate),
+            [None if t is None else (t.test, t.columns, t.predicate) for t in tests])
         for merge, change in zip(fused_merges, changes, strict=True):
             merge.apply(change)
         twin_merge.step(test.step(twin.step_partials(parts, values)))

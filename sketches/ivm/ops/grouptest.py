@@ -1,0 +1,98 @@
+"""HAVING evaluated on a group's accumulators, lazily (``Aggregate.step_sketch``).
+
+Why: a HAVING test over an output row first computes every aggregate it reads — avg with
+PostgreSQL's exact numeric division (:func:`pg_numeric_div`, most of the per-group time of an
+avg HAVING) — although an OR stops at its first true comparison and an average is rarely
+within rounding distance of the constant it is compared with. Here a comparison reads its
+aggregate only when it is reached, and ``avg(integer column) op constant`` is decided by
+integer arithmetic on the running sum and count unless the exact quotient lies so close to
+the constant that PostgreSQL's rounding of it could matter; only then is the rounded average
+computed. Same three-valued results and errors as the row test
+(:class:`sketches.ivm.ops.select.Select`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import cast
+
+from sketches.ivm.expr import And, Cmp, Col, Const, Expr, Or
+from sketches.ivm.ops.accumulators import Accumulator, SumAcc
+from sketches.ivm.ops.select import column_vs_constant, connective
+from sketches.ivm.zset import Row
+
+GroupView = tuple[Row, Sequence[Accumulator]]
+"""A group's key and its accumulators, in aggregate order."""
+GroupEval = Callable[[GroupView], object]
+
+SLACK = 10 ** 14
+"""PostgreSQL rounds ``sum / count`` to at least 16 significant digits (``select_div_scale``):
+the rounded average is within ``|quotient| · 10^-16 / 2`` of the exact one. A comparison is
+decided exactly when the quotient is farther from the constant than ``|quotient| · 10^-14 / 2``
+(a hundredfold margin)."""
+
+_DECIDED: dict[str, Callable[[bool], bool]] = {
+    ">=": lambda above: above, ">": lambda above: above,
+    "<=": lambda above: not above, "<": lambda above: not above,
+    "=": lambda above: False, "<>": lambda above: True, "!=": lambda above: True,
+}
+"""A comparison ``avg op constant`` when the average is known to differ from the constant
+(``above``: it is greater)."""
+
+
+def compile_group_test(expr: Expr, width: int) -> GroupEval | None:
+    """``expr`` — over output rows of ``width`` group keys and one column per aggregate — as a
+    test of a :data:`GroupView`; None unless it is an AND/OR tree of comparisons of a column
+    with a non-NULL, non-text constant (then the caller tests output rows)."""
+    if type(expr) is Or or type(expr) is And:
+        args = [compile_group_test(a, width) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        return connective(cast(list[GroupEval], args), type(expr) is Or)
+    if not (type(expr) is Cmp and type(expr.left) is Col and type(expr.right) is Const
+            and expr.right.value is not None and not isinstance(expr.right.value, str)):
+        return None
+    col, const = expr.left.index, expr.right.value
+    if col < width:
+        on_key = column_vs_constant(expr.op, col, const)
+        return lambda view: on_key(view[0])
+    return _aggregate_vs_constant(expr.op, col - width, const)
+
+
+def _aggregate_vs_constant(op: str, i: int, const: object) -> GroupEval:
+    """The comparison of aggregate ``i``'s result with ``const``; for an average of integers
+    and an integer or finite numeric constant, decided without the division when it can be."""
+    on_value = column_vs_constant(op, 0, const)
+    scaled = _scaled_int(const)
+    if scaled is None:
+        return lambda view: on_value((view[1][i].result(),))
+    m, scale = scaled
+    p = 10 ** scale
+    decided = _DECIDED[op]
+
+    def leaf(view: GroupView) -> object:
+        acc = view[1][i]
+        if type(acc) is SumAcc and acc.avg:
+            total, count = acc.total, acc.nonnull
+            if type(total) is int and count > 0:
+                diff = total * p - m * count      # sign of (total / count − const)
+                if 2 * abs(diff) * SLACK > abs(total) * p:
+                    return decided(diff > 0)
+        return on_value((acc.result(),))
+    return leaf
+
+
+def _scaled_int(const: object) -> tuple[int, int] | None:
+    """``(m, scale)`` with ``const == m / 10**scale`` exactly, for an int (not bool) or a finite
+    Decimal; None for anything else."""
+    if type(const) is int:
+        return const, 0
+    if not isinstance(const, Decimal) or not const.is_finite():
+        return None
+    sign, digits, exp = const.as_tuple()
+    assert isinstance(exp, int)
+    m = int("".join(map(str, digits))) if digits else 0
+    if sign:
+        m = -m
+    return (m * 10 ** exp, 0) if exp >= 0 else (m, -exp)
