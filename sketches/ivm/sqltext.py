@@ -160,7 +160,7 @@ class _Parser:
     def unary(self) -> Expr:
         if self.peek() == "-":
             self.take()
-            return Arith("-", Const(0), self.unary())
+            return _negated(self.unary())
         e = self.primary()
         while self.peek() == "::":
             self.take()
@@ -193,6 +193,18 @@ class _Parser:
         if tok.upper() in ("NULL", "TRUE", "FALSE"):
             return Const({"NULL": None, "TRUE": True, "FALSE": False}[tok.upper()])
         raise NotMaintainable(f"cannot evaluate {tok!r} of {self.text!r} in Python")
+
+
+def _negated(e: Expr) -> Expr:
+    """``-e``; a negative number as a constant, as PostgreSQL reads one (exactly:
+    ``copy_negate`` does not round to the decimal context), so that comparisons with it keep
+    the fast paths for constants (:mod:`sketches.ivm.ops.select`, ``grouptest``)."""
+    if isinstance(e, Const):
+        if type(e.value) is int:
+            return Const(-e.value)
+        if isinstance(e.value, Decimal):
+            return Const(e.value.copy_negate())
+    return Arith("-", Const(0), e)
 
 
 def parse_expression(text: str, leaves: Sequence[tuple[str, Expr]],

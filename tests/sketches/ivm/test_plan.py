@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import Col, Const
+from sketches.ivm.expr import Arith, Cmp, Col, Const
 from sketches.ivm.plan import SketchTarget, compile
 from sketches.ivm.sqltext import bind_params, parse_expression
 from sketches.ranges import RangePartition
@@ -67,6 +67,11 @@ def test_parse_expression_leaves_and_three_valued_logic() -> None:
     assert e.eval((None, 5)) is False
     assert e.eval((1, None)) is None
     assert parse_expression("$1", [], (Decimal("1.5"),)) == Const(Decimal("1.5"))
+    assert parse_expression("sum(t.v) >= -3", leaves) == Cmp(">=", Col(1), Const(-3))
+    long = "1234567890.12345678901234567890123"       # more digits than the decimal context
+    assert parse_expression(f"- -{long}", []) == Const(Decimal(long))
+    assert parse_expression(f"-{long}", []) == Const(Decimal(f"-{long}"))
+    assert parse_expression("-sum(t.v)", leaves) == Arith("-", Const(0), Col(1))
     for bad in ("lower(t.g) = 'a'", "sum(t.v) BETWEEN 1 AND 2", "sum(t.v) > 1 + $$x$$"):
         with pytest.raises(NotMaintainable):
             parse_expression(bad, leaves)
