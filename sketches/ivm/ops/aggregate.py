@@ -307,7 +307,7 @@ class Aggregate(Operator):
             return lambda key, st: st.count > 0
         test, cols, predicate = having
         width = len(self.group_by)
-        on_group = compile_group_test(predicate, width)
+        on_group = compile_group_test(predicate, width, [a.func for a in self.aggs])
         if on_group is not None:
             def lazily(key: Row, st: GroupState) -> bool:
                 if st.count <= 0:

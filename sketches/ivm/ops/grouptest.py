@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import cast
 
-from sketches.ivm.expr import And, Cmp, Col, Const, Expr, Or
-from sketches.ivm.ops.accumulators import Accumulator, SumAcc
+from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or
+from sketches.ivm.ops.accumulators import Accumulator
 from sketches.ivm.ops.select import column_vs_constant, connective
 from sketches.ivm.zset import Row
 
@@ -41,12 +42,13 @@ _DECIDED: dict[str, Callable[[bool], bool]] = {
 (``above``: it is greater)."""
 
 
-def compile_group_test(expr: Expr, width: int) -> GroupEval | None:
-    """``expr`` — over output rows of ``width`` group keys and one column per aggregate — as a
-    test of a :data:`GroupView`; None unless it is an AND/OR tree of comparisons of a column
-    with a non-NULL, non-text constant (then the caller tests output rows)."""
+def compile_group_test(expr: Expr, width: int, funcs: Sequence[str]) -> GroupEval | None:
+    """``expr`` — over output rows of ``width`` group keys and one column per aggregate (of
+    functions ``funcs``) — as a test of a :data:`GroupView`; None unless it is an AND/OR tree
+    of comparisons of a column with a non-NULL, non-text constant (then the caller tests
+    output rows)."""
     if type(expr) is Or or type(expr) is And:
-        args = [compile_group_test(a, width) for a in expr.args]
+        args = [compile_group_test(a, width, funcs) for a in expr.args]
         if any(a is None for a in args):
             return None
         return connective(cast(list[GroupEval], args), type(expr) is Or)
@@ -57,29 +59,45 @@ def compile_group_test(expr: Expr, width: int) -> GroupEval | None:
     if col < width:
         on_key = column_vs_constant(expr.op, col, const)
         return lambda view: on_key(view[0])
-    return _aggregate_vs_constant(expr.op, col - width, const)
+    scaled = _scaled_int(const) if funcs[col - width] == "avg" else None
+    if scaled is None:
+        return _aggregate_vs_constant(expr.op, col - width, const)
+    return _average_vs_constant(expr.op, col - width, const, *scaled)
 
 
 def _aggregate_vs_constant(op: str, i: int, const: object) -> GroupEval:
-    """The comparison of aggregate ``i``'s result with ``const``; for an average of integers
-    and an integer or finite numeric constant, decided without the division when it can be."""
-    on_value = column_vs_constant(op, 0, const)
-    scaled = _scaled_int(const)
-    if scaled is None:
-        return lambda view: on_value((view[1][i].result(),))
-    m, scale = scaled
+    """The comparison of aggregate ``i``'s result with ``const`` (as
+    :func:`sketches.ivm.ops.select.column_vs_constant`)."""
+    compare = _CMP[op]
+    ordering = op not in ("=", "<>", "!=")
+
+    def leaf(view: GroupView) -> object:
+        a = view[1][i].result()
+        if a is None:
+            return None
+        if ordering and isinstance(a, str):
+            raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+        return compare(a, const)
+    return leaf
+
+
+def _average_vs_constant(op: str, i: int, const: object, m: int, scale: int) -> GroupEval:
+    """:func:`_aggregate_vs_constant` for avg ``i`` and ``const == m / 10**scale``: decided
+    without the division when the average is of integers and not within PostgreSQL's
+    rounding of the constant (:data:`SLACK`)."""
     p = 10 ** scale
     decided = _DECIDED[op]
+    otherwise = _aggregate_vs_constant(op, i, const)
 
     def leaf(view: GroupView) -> object:
         acc = view[1][i]
-        if type(acc) is SumAcc and acc.avg:
-            total, count = acc.total, acc.nonnull
-            if type(total) is int and count > 0:
-                diff = total * p - m * count      # sign of (total / count − const)
-                if 2 * abs(diff) * SLACK > abs(total) * p:
-                    return decided(diff > 0)
-        return on_value((acc.result(),))
+        total = acc.total  # type: ignore[union-attr]
+        count = acc.nonnull
+        if type(total) is int and count > 0:
+            diff = total * p - m * count      # sign of (total / count − const)
+            if 2 * abs(diff) * SLACK > abs(total) * p:
+                return decided(diff > 0)
+        return otherwise(view)
     return leaf
 
 
