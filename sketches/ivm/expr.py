@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeAlias
 
+from sketches.ivm import numeric
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.zset import Row
 
@@ -22,8 +23,8 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq, "<>": operator.ne, "!=": operator.ne,
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
-_ARITH: dict[str, Callable[[object, object], object]] = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul,
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {
+    "+": numeric.add, "-": numeric.subtract, "*": numeric.multiply,
 }
 
 

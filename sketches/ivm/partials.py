@@ -29,6 +29,7 @@ from psycopg import sql
 
 from sketches import deltas
 from sketches.ivm.errors import InconsistentDelta
+from sketches.ivm.numeric import subtract
 from sketches.ivm.ops.aggregate import Partial, ValueChange
 from sketches.ivm.plan import PlanSpec, TableSpec
 
@@ -246,7 +247,7 @@ def parse(spec: PlanSpec,
             values.append((r[:ng], valued[j], r[at_v + j], r[at0]))
             continue
         parts = [None if c < 0 else
-                 ((0 if r[c] is None else r[c]) - (0 if r[c + 1] is None else r[c + 1]),
+                 (subtract(0 if r[c] is None else r[c], 0 if r[c + 1] is None else r[c + 1]),
                   r[c + 2]) if summed else r[c]
                  for c, summed in layout]
         out.append((r[:ng], tuple([(s, r[c]) for s, c in frag_cols]), r[at0], parts))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from functools import cmp_to_key
+from functools import cmp_to_key, reduce
+from typing import Any
 
+from sketches.ivm import numeric
 from sketches.ivm.expr import Expr, holds
 from sketches.ivm.ops.accumulators import pg_numeric_div
 from sketches.ivm.ops.aggregate import AggSpec
@@ -63,9 +65,9 @@ def _aggregate_value(func: str, values: list[object], count: int) -> object:
     if not present:
         return None
     if func == "sum":
-        return sum(present)  # type: ignore[arg-type]
+        return reduce(numeric.add, present)
     if func == "avg":
-        total = sum(present)  # type: ignore[arg-type]
+        total: Any = reduce(numeric.add, present)
         if isinstance(total, float):
             return total / len(present)
         return pg_numeric_div(total, len(present))

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from sortedcontainers import SortedDict
 
+from sketches.ivm import numeric
 from sketches.ivm.codec import Json, decode_value, encode_value
 from sketches.ivm.errors import InconsistentDelta, NotMaintainable
 
@@ -181,7 +182,7 @@ class SumAcc:
     def add(self, value: object, weight: int) -> None:
         if value is None:
             return
-        self.total = self.total + value * weight  # type: ignore[operator]
+        self.total = numeric.add(self.total, numeric.multiply(value, weight))
         self.nonnull += weight
         if self.nonnull < 0:
             raise InconsistentDelta("sum: non-NULL count below zero")
@@ -191,7 +192,7 @@ class SumAcc:
     def absorb(self, part: object) -> None:
         """Adds a pre-aggregated change ``(sum change, non-NULL count change)``."""
         total, nonnull = cast(tuple[Any, int], part)
-        self.total = self.total + total
+        self.total = numeric.add(self.total, total)
         self.nonnull += nonnull
         if self.nonnull < 0:
             raise InconsistentDelta("sum: non-NULL count below zero")

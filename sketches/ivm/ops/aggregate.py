@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from operator import itemgetter, methodcaller
 from typing import Any, cast
 
+from sketches.ivm import numeric
 from sketches.ivm.codec import Json, decode_row, encode_row
 from sketches.ivm.errors import BufferExhausted, InconsistentDelta, NotMaintainable
 from sketches.ivm.expr import Expr
@@ -422,7 +423,7 @@ class Aggregate(Operator):
             if isinstance(acc, SumAcc):
                 total, nonnull = cast(tuple[Any, int], part)
                 if nonnull:
-                    acc.total = acc.total + total
+                    acc.total = numeric.add(acc.total, total)
                     acc.nonnull += int(nonnull)
             else:
                 acc.nonnull += int(cast(int, part))

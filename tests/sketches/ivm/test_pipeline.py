@@ -10,6 +10,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -471,6 +472,44 @@ def test_preaggregated_min_max_values_follow_every_change(db: str) -> None:
             c.commit()
         got = [row for row, _ann, _w in pipe.aggregate.current_output()]
         assert sorted(got, key=repr) == sorted(expected, key=repr), change
+
+
+BIG = Decimal(10) ** 27        # 28 digits: one decimal more is past Python's default context
+
+
+@pytest.mark.parametrize("having", [f"sum(t.w) > {BIG + Decimal('0.4')}",
+                                    f"sum(t.w) + 0.01 > {BIG + Decimal('0.41')}",
+                                    f"avg(t.w) > {BIG / 2 + Decimal('0.2')}"],
+                         ids=["sum", "sum-plus-constant", "avg"])
+@pytest.mark.parametrize("preaggregate", [True, False], ids=["preaggregated", "per-row"])
+def test_wide_numeric_sums_stay_exact(db: str, having: str, preaggregate: bool) -> None:
+    """Group 1 sums to 10^27, below the HAVING threshold; an insert of 0.45 lifts it above.
+    Rounded to Python's default 28 digits the new sum would be 10^27 again: the group would
+    still fail HAVING and its fragment would be missing from the sketch (a wrong answer).
+    Exact in the state, the pre-aggregated partials, HAVING arithmetic and the average."""
+    table = "wide_" + ("p" if preaggregate else "r") + str(abs(hash(having)) % 10_000)
+    part = partition(table, "g", (0, 2, 4, 6, 8))
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, w numeric)")
+                  .format(sql.Identifier(table)))
+        c.execute("SELECT imp.track_table(%s::regclass)", (table,))
+        c.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, %s), (2, 5, %s)")
+                  .format(sql.Identifier(table)), (BIG, 2 * BIG))
+    grouped = f"FROM {table} t GROUP BY t.g HAVING {having}"
+    case = Case(f"SELECT t.g, count(*) {grouped}", (SketchTarget(0, "g", part),),
+                f"SELECT DISTINCT 0, {frag(part, 'x')} FROM {table} x JOIN (SELECT t.g"
+                f" {grouped}) h ON x.g IS NOT DISTINCT FROM h.g",
+                Options(preaggregate=preaggregate))
+    try:
+        pipe = build(db, case)
+        for change in ("INSERT INTO {} VALUES (3, 1, 0.45)", "UPDATE {} SET w = w + 1 WHERE id = 2",
+                       "DELETE FROM {} WHERE id = 3"):
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute(sql.SQL(change).format(sql.Identifier(table)))
+            check(db, pipe, case)
+    finally:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
 
 
 def test_which_deltas_are_read_preaggregated() -> None:
