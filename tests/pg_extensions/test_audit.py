@@ -34,6 +34,21 @@ def audit_rows(conn: Conn, table: str) -> list[tuple[object, ...]]:
                         .format(sql.SQL(str(audit[0])))).fetchall()
 
 
+def unattended_audit(conn: Conn, table: str) -> str:
+    """The audit table of ``table``, with autovacuum off: only gc_deltas may analyse it."""
+    audit = audit_table(conn, table)
+    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
+                 .format(sql.SQL(audit)))
+    return audit
+
+
+def insert_series(conn: Conn, table: str, first: int, last: int, text: str) -> None:
+    """Rows ``(i, i, i, text)`` for ``i`` in ``first … last`` into ``table``."""
+    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, {} FROM generate_series({}, {}) i")
+                 .format(sql.Identifier(table), sql.Literal(text), sql.Literal(first),
+                         sql.Literal(last)))
+
+
 def epoch(conn: Conn, table: str) -> object:
     row = conn.execute("SELECT imp.table_epoch(%s::regclass::oid)", (table,)).fetchone()
     assert row is not None
@@ -216,17 +231,15 @@ def test_gc_deletes_exactly_rows_visible_in_snapshot(conn: Conn, db_dsn: str, tr
 
 
 def test_gc_analyzes_the_audit_table_it_shrank(conn: Conn, tracked: str) -> None:
-    """A histogram of the remaining xids is what lets the planner see that a delta is small."""
-    t = sql.Identifier(tracked)
+    """A never analysed audit table that GC shrinks is analysed: statistics are what let the
+    planner see that a delta (the newest xids) is small."""
     audit = audit_table(conn, tracked)
     stats = sql.SQL("SELECT count(*) FROM pg_catalog.pg_statistic"
                     " WHERE starelid = {}::regclass").format(sql.Literal(audit))
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 50) i"
-                         ).format(t))
+    insert_series(conn, tracked, 1, 50, "a")
     version = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
     assert version is not None
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'b' FROM generate_series(51, 60) i"
-                         ).format(t))
+    insert_series(conn, tracked, 51, 60, "b")
     assert conn.execute(stats).fetchone() == (0,)
     assert conn.execute("SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)",
                         (tracked, version[0])).fetchone() == (50,)
@@ -240,11 +253,8 @@ def test_gc_analyzes_an_audit_table_that_outgrew_its_statistics(conn: Conn,
     statistics once it has grown: never analysed and 150 rows written, it is analysed; with
     no more writes since, it is not analysed again."""
     t = sql.Identifier(tracked)
-    audit = audit_table(conn, tracked)
-    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
-                 .format(sql.SQL(audit)))   # only gc_deltas may analyse it here
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 150) i"
-                         ).format(t))
+    audit = unattended_audit(conn, tracked)
+    insert_series(conn, tracked, 1, 150, "a")
     mods = sql.SQL("SELECT pg_stat_get_mod_since_analyze({}::regclass)").format(
         sql.Literal(audit))
     deadline = time.monotonic() + 30
@@ -270,17 +280,12 @@ def test_gc_keeps_the_statistics_of_an_audit_table_until_it_outgrows_them(
     """An analysed audit table that GC shrinks is not analysed again (an ANALYZE would make
     every sketch's next delta read plan anew); once it spans more than twice the pages its
     statistics saw, it is."""
-    t = sql.Identifier(tracked)
-    audit = audit_table(conn, tracked)
-    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
-                 .format(sql.SQL(audit)))   # only gc_deltas may analyse it here
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'a' FROM generate_series(1, 300) i"
-                         ).format(t))
+    audit = unattended_audit(conn, tracked)
+    insert_series(conn, tracked, 1, 300, "a")
     conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(audit)))
     version = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
     assert version is not None
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'b' FROM generate_series(301, 310) i"
-                         ).format(t))
+    insert_series(conn, tracked, 301, 310, "b")
     known = sql.SQL("SELECT reltuples, relpages FROM pg_class WHERE oid = {}::regclass").format(
         sql.Literal(audit))
     before = conn.execute(known).fetchone()
@@ -289,8 +294,7 @@ def test_gc_keeps_the_statistics_of_an_audit_table_until_it_outgrows_them(
     assert conn.execute(gc, (tracked, version[0])).fetchone() == (300,)
     assert conn.execute(known).fetchone() == before         # shrunk: not analysed
     rows = 2 * 300 * (before[1] + 1)                        # well past twice its pages
-    conn.execute(sql.SQL("INSERT INTO {} SELECT i, i, i, 'c' FROM generate_series(1001, {}) i"
-                         ).format(t, sql.Literal(1000 + rows)))
+    insert_series(conn, tracked, 1001, 1000 + rows, "c")
     assert conn.execute(gc, (tracked, "1:1:")).fetchone() == (0,)
     after = conn.execute(known).fetchone()
     assert after is not None and after[0] == rows + 10     # grown: analysed

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import cast
 
-from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or
+from sketches.ivm.expr import And, Cmp, Col, Const, Expr, Or
 from sketches.ivm.ops.accumulators import Accumulator
-from sketches.ivm.ops.select import column_vs_constant, connective
+from sketches.ivm.ops.select import connective, value_vs_constant
 from sketches.ivm.zset import Row
 
 GroupView = tuple[Row, Sequence[Accumulator]]
@@ -57,8 +56,8 @@ def compile_group_test(expr: Expr, width: int, funcs: Sequence[str]) -> GroupEva
         return None
     col, const = expr.left.index, expr.right.value
     if col < width:
-        on_key = column_vs_constant(expr.op, col, const)
-        return lambda view: on_key(view[0])
+        on_key = value_vs_constant(expr.op, const)
+        return lambda view: on_key(view[0][col])
     scaled = _scaled_int(const) if funcs[col - width] == "avg" else None
     if scaled is None:
         return _aggregate_vs_constant(expr.op, col - width, const)
@@ -66,19 +65,9 @@ def compile_group_test(expr: Expr, width: int, funcs: Sequence[str]) -> GroupEva
 
 
 def _aggregate_vs_constant(op: str, i: int, const: object) -> GroupEval:
-    """The comparison of aggregate ``i``'s result with ``const`` (as
-    :func:`sketches.ivm.ops.select.column_vs_constant`)."""
-    compare = _CMP[op]
-    ordering = op not in ("=", "<>", "!=")
-
-    def leaf(view: GroupView) -> object:
-        a = view[1][i].result()
-        if a is None:
-            return None
-        if ordering and isinstance(a, str):
-            raise NotMaintainable("text ordering depends on the collation: not evaluated here")
-        return compare(a, const)
-    return leaf
+    """The comparison of aggregate ``i``'s result with ``const``."""
+    test = value_vs_constant(op, const)
+    return lambda view: test(view[1][i].result())
 
 
 def _average_vs_constant(op: str, i: int, const: object, m: int, scale: int) -> GroupEval:

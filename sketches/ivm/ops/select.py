@@ -71,14 +71,19 @@ def connective(args: Sequence[Callable[[T], object]], is_or: bool) -> Callable[[
 
 def column_vs_constant(op: str, col: int, const: object) -> Eval:
     """:class:`Cmp` of ``row[col]`` with a non-NULL, non-text constant."""
+    test = value_vs_constant(op, const)
+    return lambda row: test(row[col])
+
+
+def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
+    """:class:`Cmp` of a value with a non-NULL, non-text constant."""
     compare = _CMP[op]
     ordering = op not in ("=", "<>", "!=")
 
-    def cmp(row: Row) -> object:
-        a = row[col]
+    def test(a: object) -> object:
         if a is None:
             return None
         if ordering and isinstance(a, str):
             raise NotMaintainable("text ordering depends on the collation: not evaluated here")
         return compare(a, const)
-    return cmp
+    return test
