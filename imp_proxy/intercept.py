@@ -119,13 +119,14 @@ def batch_shape(data: bytes, pos: int, max_size: int,
 # ------------------------------------------------------------------ parameters
 
 _TEXT_INT = {20, 21, 23, 26}
-_TEXT_FLOAT = {700, 701}
 _BINARY = {21: INT16, 23: INT32, 20: INT64, 700: FLOAT4, 701: FLOAT8}
 
 
 def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
     """Bind parameters as Python values for the library; None when one cannot be decoded
-    (binary format of a type other than int2/int4/int8/float4/float8/bool)."""
+    (binary format of a type other than int2/int4/int8/float4/float8/bool; float4 as text:
+    PostgreSQL reads it as the nearest float4, widened to float8 where it meets a number,
+    and the nearest double to the text is another value)."""
     out: list[object] = []
     for i, raw in enumerate(bind.params):
         oid = types[i] if i < len(types) else 0
@@ -147,7 +148,9 @@ def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
         try:
             if oid in _TEXT_INT:
                 out.append(int(text))
-            elif oid in _TEXT_FLOAT:
+            elif oid == 700:
+                return None
+            elif oid == 701:
                 out.append(float(text))
             elif oid == 1700:
                 out.append(Decimal(text))

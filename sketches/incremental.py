@@ -112,8 +112,10 @@ def typed_params(conn: Conn, query: str,
                 if v is None:
                     out.append(None)
                     continue
-                got = conn.execute(sql.SQL("SELECT %s::{}").format(sql.SQL(t)),
-                                   (str(v),)).fetchone()
+                # real: its float8 widening, the value PostgreSQL compares (its text output
+                # is the shortest text for the float4, whose nearest double is another value)
+                cast = sql.SQL("::real::float8" if t == "real" else "::" + t)
+                got = conn.execute(sql.SQL("SELECT %s{}").format(cast), (str(v),)).fetchone()
                 out.append(got[0] if got else None)
     except psycopg.Error as exc:
         raise NotMaintainable(f"stored parameters cannot be typed: {exc}") from exc

@@ -60,7 +60,23 @@ class Cmp:
             return None
         if self.op not in ("=", "<>", "!=") and (isinstance(a, str) or isinstance(b, str)):
             raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+        if type(a) is float or type(b) is float:
+            a, b = as_float8(a), as_float8(b)
         return _CMP[self.op](a, b)
+
+
+def as_float8(v: Any) -> Any:
+    """``v`` as PostgreSQL compares it with a float8: an integer or numeric is cast to float8
+    (correctly rounded, as PostgreSQL's cast) — Python would compare the exact values, so
+    ``avg = 0.33333333333333333333`` would not be ``<= 1/3::float8`` as it is in PostgreSQL.
+    NaN is refused: PostgreSQL orders it above every number, Python compares it false."""
+    if type(v) is int or type(v) is Decimal:
+        v = float(v)
+    elif type(v) is not float:
+        return v
+    if v != v:
+        raise NotMaintainable("comparison with NaN is not evaluated here")
+    return v
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,3 +295,34 @@ def test_random_direct_writers(admin_dsn: str, data: str, strategy: str) -> None
         suppress_health_check=[HealthCheck.too_slow])
     Machine.TestCase().runTest()
     assert sum(Machine.maintained) > 0
+
+
+FLOAT_HAVING = "SELECT g, avg(v) FROM fp GROUP BY g HAVING avg(v) <= %s"
+
+
+def test_float8_parameter_compares_as_in_postgres(proxied: tuple[ProxyProcess, str],
+                                                  data: str) -> None:
+    """``avg(int) <= $1`` with a float8 parameter: PostgreSQL compares in float8, where an
+    average of 0.33333333333333333333 equals the double nearest 1/3. Compared exactly, a group
+    that a write brings to 1/3 would fail HAVING in the maintained state, leave the sketch,
+    and be missing from the answer (the state is verified when built, not after each step)."""
+    _, dsn = proxied
+    third = (1 / 3,)
+    with psycopg.connect(dsn, autocommit=True) as c, \
+            psycopg.connect(data, autocommit=True) as d:
+        d.execute("CREATE TABLE fp (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute("INSERT INTO fp SELECT i, i % 50, CASE WHEN i / 50 % 10 < 3 THEN 1 ELSE 0 END"
+                  " FROM generate_series(0, 14999) i")      # every group's avg: 0.3
+        d.execute("UPDATE fp SET v = 1 WHERE g >= 25")
+        assert sorted(g for g, _ in d.execute(FLOAT_HAVING, third)) == list(range(25))
+        same(c, d, FLOAT_HAVING, third)
+        wait_for(lambda: tracked(d, "fp"))
+        same(c, d, FLOAT_HAVING, third)                      # the state is built
+        d.execute("INSERT INTO fp SELECT 20000 + i, 60, CASE WHEN i % 3 = 0 THEN 1 ELSE 0 END"
+                  " FROM generate_series(0, 299) i")         # a new group at exactly 1/3
+        d.execute("UPDATE fp SET v = 1 WHERE g = 3")
+        groups = [g for g, _ in d.execute(FLOAT_HAVING, third)]
+        assert 60 in groups and 3 not in groups
+        same(c, d, FLOAT_HAVING, third)
+        rows = [r for r in sketch_rows(c) if "fp" in r["tables"]]
+        assert rows and sum(int(r["maintenances"]) for r in rows) >= 1, rows

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, columns
+from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, columns
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
@@ -76,14 +76,18 @@ def column_vs_constant(op: str, col: int, const: object) -> Eval:
 
 
 def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
-    """:class:`Cmp` of a value with a non-NULL, non-text constant."""
+    """:class:`Cmp` of a value with a non-NULL, non-text constant (a float8 on either side:
+    compared as float8, as in PostgreSQL: :func:`sketches.ivm.expr.as_float8`)."""
     compare = _CMP[op]
     ordering = op not in ("=", "<>", "!=")
+    float_const = type(const) is float
 
     def test(a: object) -> object:
         if a is None:
             return None
         if ordering and isinstance(a, str):
             raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+        if float_const or type(a) is float:
+            return compare(as_float8(a), as_float8(const))
         return compare(a, const)
     return test

@@ -188,3 +188,37 @@ def test_avg_comparison_matches_postgres(admin_dsn: str, data: st.DataObject) ->
                 test = compile_group_test(Cmp(op, Col(WIDTH + 2), Const(const)), WIDTH, FUNCS)
                 assert test is not None and row is not None
                 assert test(((0,), accs)) is row[0], (values, op, const)
+
+
+# -- a float8 against an integer or numeric compares in float8, as in PostgreSQL
+
+doubles = st.floats(-1e6, 1e6, allow_nan=False).filter(lambda f: f != 0) | st.sampled_from(
+    [1 / 3, 0.1, 2.0 ** 53, -2.5])
+
+
+def _near(f: float) -> st.SearchStrategy[int | Decimal]:
+    """Numbers at, or within a hair of, the double ``f``: its exact value, its rounding to 20
+    significant digits, and integers around it."""
+    exact = Decimal(f)
+    return st.one_of(st.just(exact), st.just(Decimal(f"{f:.20g}")),
+                     st.builds(lambda k: exact + Decimal(k).scaleb(-30), st.integers(-5, 5)),
+                     st.builds(lambda k: int(f) + k, st.integers(-1, 1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_float8_comparisons_match_postgres(admin_dsn: str, data: st.DataObject) -> None:
+    f = data.draw(doubles)
+    values = [data.draw(_near(f)) for _ in range(3)]
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        for v in values:
+            kind = "int8" if type(v) is int else "numeric"
+            for op in ("=", "<>", "<", "<=", ">", ">="):
+                row = c.execute(sql.SQL("SELECT %s::{k} {op} %s::float8, %s::float8 {op} %s::{k}")
+                                .format(k=sql.SQL(kind), op=sql.SQL(op)),
+                                (v, f, f, v)).fetchone()
+                assert row is not None
+                assert _compile(Cmp(op, Col(0), Const(f)))((v,)) is row[0], (v, op, f)
+                assert Cmp(op, Col(0), Const(f)).eval((v,)) is row[0], (v, op, f)
+                assert _compile(Cmp(op, Col(0), Const(v)))((f,)) is row[1], (f, op, v)
+                assert Cmp(op, Col(0), Col(1)).eval((f, v)) is row[1], (f, op, v)

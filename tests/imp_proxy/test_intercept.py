@@ -1,0 +1,30 @@
+"""Bind parameters decoded for the sketch library (imp_proxy.intercept.decode_params): the
+values PostgreSQL itself compares, or None (the query then passes through)."""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal
+
+from imp_proxy.intercept import decode_params
+from imp_proxy.protocol.messages import Bind
+
+FLOAT4, FLOAT8, INT8, NUMERIC, TEXT = 700, 701, 20, 1700, 25
+
+
+def bind(params: tuple[bytes | None, ...], formats: tuple[int, ...] = ()) -> Bind:
+    return Bind("", "", formats, params, ())
+
+
+def test_text_and_binary_parameters() -> None:
+    got = decode_params(bind((b"0.1", b"-7", b"1.50", None, b"x")),
+                        (FLOAT8, INT8, NUMERIC, INT8, TEXT))
+    assert got == [0.1, -7, Decimal("1.50"), None, "x"]
+    assert decode_params(bind((struct.pack("!f", 0.1), struct.pack("!q", 5)), (1,)),
+                         (FLOAT4, INT8)) == [struct.unpack("!f", struct.pack("!f", 0.1))[0], 5]
+
+
+def test_a_float4_as_text_is_not_decoded() -> None:
+    """PostgreSQL reads '0.1' as the float4 nearest 0.1; float('0.1') is another number."""
+    assert decode_params(bind((b"0.1",)), (FLOAT4,)) is None
+    assert decode_params(bind((b"\x00",), (1,)), (NUMERIC,)) is None   # binary numeric
