@@ -117,7 +117,13 @@ class Aggregate(Operator):
         self._recent: dict[Row, Row] = {}
 
     # -- state -------------------------------------------------------------------------------
-    def _new_group(self) -> GroupState:
+    def _new_group(self, key: Row = ()) -> GroupState:
+        """A group's empty state. A key holding NaN is refused: PostgreSQL puts every NaN in
+        one group, while Python's dict would never find a NaN key again (NaN != NaN), and each
+        batch would open another group (checked only here: a NaN key is always new)."""
+        for v in key:
+            if v != v:
+                raise NotMaintainable("a NaN group key is not maintained")
         return GroupState(self.slots, [make_accumulator(a.func, self.buffer_limit)
                                        for a in self.aggs])
 
@@ -168,7 +174,7 @@ class Aggregate(Operator):
             key = key_of(row)
             st = groups.get(key)
             if st is None:
-                st = groups[key] = new_group()
+                st = groups[key] = new_group(key)
             if key not in old:
                 old[key] = self._old_output(key, st, recent)
             st.count += w
@@ -209,7 +215,7 @@ class Aggregate(Operator):
         for key, frags, count, partials in rows:
             st = groups.get(key)
             if st is None:
-                st = groups[key] = new_group()
+                st = groups[key] = new_group(key)
             if key not in old:
                 old[key] = self._old_output(key, st, recent)
             st.count += count
@@ -251,7 +257,7 @@ class Aggregate(Operator):
         for key, frags, count, partials in rows:
             st = groups.get(key)
             if st is None:
-                st = groups[key] = new_group()
+                st = groups[key] = new_group(key)
             if key not in before:
                 before[key] = passes(key, st)
                 if others:
@@ -415,7 +421,7 @@ class Aggregate(Operator):
         self._recent = {}
         st = self.groups.get(key)
         if st is None:
-            st = self.groups[key] = self._new_group()
+            st = self.groups[key] = self._new_group(key)
         st.count += count
         st.passed = None
         st.add_frags(((s, f) for s, f in enumerate(frags) if f is not None), count)

@@ -22,7 +22,7 @@ from psycopg import sql
 import pg_extensions
 from sketches import deltas
 from sketches.ivm import state as ivm_state
-from sketches.ivm.errors import Invalidated, PipelineBroken
+from sketches.ivm.errors import Invalidated, NotMaintainable, PipelineBroken
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import Options, SketchTarget, compile
 from sketches.ranges import RangePartition
@@ -510,6 +510,41 @@ def test_wide_numeric_sums_stay_exact(db: str, having: str, preaggregate: bool) 
     finally:
         with psycopg.connect(db, autocommit=True) as c:
             c.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+
+
+@pytest.mark.parametrize("preaggregate", [True, False], ids=["preaggregated", "per-row"])
+def test_nan_group_keys_are_refused(db: str, preaggregate: bool) -> None:
+    """PostgreSQL puts every NaN in one group; a Python dict never finds a NaN key again (NaN
+    is not equal to itself), so each partial or batch would open a group of its own and
+    HAVING count(*) > 1 would drop NaN's fragments. Refused (NotMaintainable: the manager
+    recaptures) at the build and at the first delta that brings a NaN."""
+    table = "nan_p" if preaggregate else "nan_r"
+    ident = sql.Identifier(table)
+    part = partition(table, "g", (0, 2, 4, 6, 8))
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, f float8)").format(ident))
+        c.execute("SELECT imp.track_table(%s::regclass)", (table,))
+        c.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1.5), (2, 1, 1.5), (3, 5, 2.5)")
+                  .format(ident))
+    query = f"SELECT t.f, count(*) FROM {table} t GROUP BY t.f HAVING count(*) > 1"
+    try:
+        pipe = compile(analyse(query), [SketchTarget(0, "g", part)], None,
+                       Options(preaggregate=preaggregate))
+        with snapshot_conn(db) as c:
+            pipe.build_state(c)
+            c.commit()
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(sql.SQL("INSERT INTO {} VALUES (4, 1, 'NaN'), (5, 7, 'NaN')")
+                      .format(ident))
+        with snapshot_conn(db) as c, pytest.raises(NotMaintainable, match="NaN"):
+            pipe.maintain(c)
+        fresh = compile(analyse(query), [SketchTarget(0, "g", part)], None,
+                        Options(preaggregate=preaggregate))
+        with snapshot_conn(db) as c, pytest.raises(NotMaintainable, match="NaN"):
+            fresh.build_state(c)
+    finally:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(sql.SQL("DROP TABLE {}").format(ident))
 
 
 def test_which_deltas_are_read_preaggregated() -> None:
