@@ -271,7 +271,7 @@ def measure_once(c: Conn, res: AblationResult, prep: Prepared, pipes: dict[str, 
 
 
 def run_ablation(dsn: str, res: AblationResult, prep: Prepared, scale: Scale,
-                 source: DeltaSource, writer: Conn) -> None:
+                 source: DeltaSource, writer: Conn, collector: Conn) -> None:
     with snapshot_conn(dsn) as c:
         pipes = build_pair(c, res, prep)
         turn = 0
@@ -286,7 +286,7 @@ def run_ablation(dsn: str, res: AblationResult, prep: Prepared, scale: Scale,
                                           f"off {m.maintained_off}, captured {m.captured}")
                 version = pipes["on"].pipe.version
                 assert version is not None
-                gc_audit(dsn, version)
+                gc_audit(collector, version)
                 log.info("%-13s %-11s delta %5d rep %d: on %7.1f ms  off %7.1f ms  "
                          "off/on %5.2f%s", res.ablation.option, res.shape.name, size, rep,
                          m.on_ms, m.off_ms, m.off_ms / max(m.on_ms, 1e-6),
@@ -444,12 +444,12 @@ def run(dsn: str, scale_name: str, scale: Scale, out_dir: Path, stem: str,
     facts = machine_facts(pg_version)
     source = DeltaSource.for_table(scale.rows, groups, seed)
     results: list[AblationResult] = []
-    with psycopg.connect(dsn) as writer:
+    with psycopg.connect(dsn) as writer, psycopg.connect(dsn, autocommit=True) as collector:
         for a in ablations:
             shape, prep = _prepared(dsn, a.shape, groups, partitions)  # thresholds from now
             res = AblationResult(a, shape)
             try:
-                run_ablation(dsn, res, prep, scale, source, writer)
+                run_ablation(dsn, res, prep, scale, source, writer, collector)
             except Exception as exc:  # noqa: BLE001 — recorded as this ablation's failure
                 log.exception("ablation %s on %s failed", a.option, a.shape)
                 res.error = f"{type(exc).__name__}: {exc}"
