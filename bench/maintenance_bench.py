@@ -311,9 +311,8 @@ NOTHING_COVERED = "1:1:"
 def gc_audit(collector: Conn, version: str) -> None:
     """Drops audit rows the pipeline's version covers (keeps the audit table small), on the
     collector's own long-lived autocommit connection, as the proxy's background thread does.
-
-    Why not a connection per call: its backend forked and exited right before each timed
-    maintenance, which then took 0.15–0.25 ms longer to read its delta (scratch)."""
+    (A connection per call, the earlier method, forks and ends a backend per repetition;
+    side by side the two gave the same figures: ``bench/results/gc-conn-ab-s11``.)"""
     for t in (R, S, T):
         collector.execute("SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)", (t, version))
 
