@@ -58,11 +58,21 @@ class Cmp:
         a, b = self.left.eval(row), self.right.eval(row)
         if a is None or b is None:
             return None
-        if self.op not in ("=", "<>", "!=") and (isinstance(a, str) or isinstance(b, str)):
-            raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+        if isinstance(a, str) or isinstance(b, str):
+            if self.op not in ("=", "<>", "!="):
+                raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+            check_blanks(a, b)
         if type(a) is float or type(b) is float:
             a, b = as_float8(a), as_float8(b)
         return _CMP[self.op](a, b)
+
+
+def check_blanks(a: object, b: object) -> None:
+    """Refuses text equality where a side ends in a blank: PostgreSQL's char(n) compares
+    without trailing blanks (``'ab  ' = 'ab'`` is true for char(4)), and a Python string does
+    not say whether it was char(n) or text."""
+    if (isinstance(a, str) and a.endswith(" ")) or (isinstance(b, str) and b.endswith(" ")):
+        raise NotMaintainable("text with trailing blanks (char(n) ignores them): not evaluated")
 
 
 def as_float8(v: Any) -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, columns
+from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, check_blanks, columns
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
@@ -85,8 +85,10 @@ def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
     def test(a: object) -> object:
         if a is None:
             return None
-        if ordering and isinstance(a, str):
-            raise NotMaintainable("text ordering depends on the collation: not evaluated here")
+        if isinstance(a, str):
+            if ordering:
+                raise NotMaintainable("text ordering depends on the collation: not evaluated")
+            check_blanks(a, const)
         if float_const or type(a) is float:
             return compare(as_float8(a), as_float8(const))
         return compare(a, const)

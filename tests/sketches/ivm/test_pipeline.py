@@ -547,6 +547,28 @@ def test_nan_group_keys_are_refused(db: str, preaggregate: bool) -> None:
             c.execute(sql.SQL("DROP TABLE {}").format(ident))
 
 
+def test_char_n_comparisons_are_refused(db: str) -> None:
+    """char(n) values arrive padded ('ab  ') and PostgreSQL compares them without the blanks
+    (``'ab  ' = 'ab'`` is true for char(4)); Python would find the padded group unequal to
+    'ab' and drop its fragment. Refused (NotMaintainable: the manager recaptures)."""
+    ident = sql.Identifier("chr_n")
+    part = partition("chr_n", "g", (0, 2, 4, 6, 8))
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, c char(4))").format(ident))
+        c.execute("SELECT imp.track_table('chr_n'::regclass)")
+        c.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 'ab'), (2, 5, 'cd')").format(ident))
+        assert c.execute("SELECT count(*) FROM chr_n GROUP BY c HAVING c = 'ab'").fetchall() \
+            == [(1,)]                                  # PostgreSQL: the padded 'ab' passes
+    try:
+        pipe = compile(analyse("SELECT t.c, count(*) FROM chr_n t GROUP BY t.c HAVING t.c = 'ab'"),
+                       [SketchTarget(0, "g", part)], None, Options())
+        with snapshot_conn(db) as c, pytest.raises(NotMaintainable, match="blanks"):
+            pipe.build_state(c)
+    finally:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(sql.SQL("DROP TABLE {}").format(ident))
+
+
 def test_which_deltas_are_read_preaggregated() -> None:
     """Grouped aggregates (min/max too, joins too) unless the WHERE is not pushed down, the
     join key filter is on, the aggregate is scalar, or the query is not an aggregate."""
