@@ -206,7 +206,8 @@ $$;
 -- over a 320K-row partner). Stale statistics are harmless: beyond the histogram's last bound
 -- the planner reads the actual newest xid from the _xid index. Not after every delete: an
 -- ANALYZE invalidates every cached plan reading the table, so each sketch's next delta read
--- would be planned anew (0.28 of a 1.1 ms read of a 100-row delta).
+-- would be planned anew (0.28 of a 1.1 ms read of a 100-row delta). A table locked by DDL
+-- is skipped (0 rows) until the next collection.
 CREATE OR REPLACE FUNCTION imp.gc_deltas(rel regclass, snap pg_snapshot) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -214,9 +215,17 @@ DECLARE
     n bigint;
 BEGIN
     SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;
-    IF NOT FOUND THEN
+    -- gone since this transaction's snapshot (a dropped relation prints as its OID)
+    IF NOT FOUND OR to_regclass(audit::text) IS DISTINCT FROM audit THEN
         RETURN 0;
     END IF;
+    -- never wait for DDL on the table: the caller collects several tables in one transaction,
+    -- and a DROP of several tracked tables would wait for a lock it holds (a deadlock)
+    BEGIN
+        EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE NOWAIT', audit);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
     EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
                    ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
     GET DIAGNOSTICS n = ROW_COUNT;
