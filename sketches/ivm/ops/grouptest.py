@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import cast
 
-from sketches.ivm.expr import And, Cmp, Col, Const, Expr, Or
+from sketches.ivm.expr import And, Cmp, Expr, Or
 from sketches.ivm.ops.accumulators import Accumulator
-from sketches.ivm.ops.select import connective, value_vs_constant
+from sketches.ivm.ops.select import column_and_constant, connective, value_vs_constant
 from sketches.ivm.zset import Row
 
 GroupView = tuple[Row, Sequence[Accumulator]]
@@ -51,10 +51,11 @@ def compile_group_test(expr: Expr, width: int, funcs: Sequence[str]) -> GroupEva
         if any(a is None for a in args):
             return None
         return connective(cast(list[GroupEval], args), type(expr) is Or)
-    if not (type(expr) is Cmp and type(expr.left) is Col and type(expr.right) is Const
-            and expr.right.value is not None and not isinstance(expr.right.value, str)):
+    compared = column_and_constant(expr)
+    if compared is None:
         return None
-    col, const = expr.left.index, expr.right.value
+    assert isinstance(expr, Cmp)
+    col, const = compared
     if col < width:
         on_key = value_vs_constant(expr.op, const)
         return lambda view: on_key(view[0][col])

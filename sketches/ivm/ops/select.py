@@ -46,10 +46,20 @@ def _compile(expr: Expr) -> Eval:
     three-valued results and errors as :mod:`sketches.ivm.expr`; other nodes use ``eval``."""
     if type(expr) is Or or type(expr) is And:
         return connective([_compile(a) for a in expr.args], type(expr) is Or)
+    compared = column_and_constant(expr)
+    if compared is not None:
+        assert isinstance(expr, Cmp)
+        return column_vs_constant(expr.op, *compared)
+    return expr.eval
+
+
+def column_and_constant(expr: Expr) -> tuple[int, object] | None:
+    """``(column, constant)`` when ``expr`` compares a column with a non-NULL, non-text
+    constant — the comparisons the compiled tests evaluate themselves; None otherwise."""
     if (type(expr) is Cmp and type(expr.left) is Col and type(expr.right) is Const
             and expr.right.value is not None and not isinstance(expr.right.value, str)):
-        return column_vs_constant(expr.op, expr.left.index, expr.right.value)
-    return expr.eval
+        return expr.left.index, expr.right.value
+    return None
 
 
 def connective(args: Sequence[Callable[[T], object]], is_or: bool) -> Callable[[T], object]:
