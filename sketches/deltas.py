@@ -361,11 +361,11 @@ class Statement:
     params: tuple[Any, ...] = ()
 
 
-def run(conn: psycopg.Connection[Any], st: Statement) -> list[tuple[Any, ...]]:
-    return conn.execute(st.text, st.params, prepare=True).fetchall()
-
-
 Rows = list[tuple[Any, ...]]
+
+
+def run(conn: psycopg.Connection[Any], st: Statement) -> Rows:
+    return conn.execute(st.text, st.params, prepare=True).fetchall()
 
 
 def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],

@@ -141,8 +141,8 @@ class DeltaRead:
 
     since: str
     snapshot: str
-    rows: list[list[tuple[Any, ...]]]
-    also: list[list[tuple[Any, ...]]]
+    rows: list[deltas.Rows]
+    also: list[deltas.Rows]
 
 
 class Pipeline:
@@ -575,7 +575,7 @@ class Pipeline:
         return change
 
     def _read_deltas(self, conn: Conn, since: str, also: Sequence[deltas.Statement] = ()
-                     ) -> tuple[str, list[list[tuple[Any, ...]]], list[list[tuple[Any, ...]]]]:
+                     ) -> tuple[str, list[deltas.Rows], list[deltas.Rows]]:
         """conn's snapshot, every table's delta rows since ``since`` and the rows of ``also``:
         one pipelined round trip once the audit tables are known (:func:`deltas.read_batch`);
         else, or when their tracking changed, the probe first and one fetch per table."""
