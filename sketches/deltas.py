@@ -27,6 +27,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from sketches import pipelined
+
 log = logging.getLogger(__name__)
 
 
@@ -381,46 +383,54 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     statement of the transaction reads the same snapshot, and the visibility check must
     follow the fetches (:func:`_check_audits_visible`). ``also`` run after the probe, their
     rows returned third (a failing one makes the result None too). Queries with a setup run
-    last (its
-    :data:`READ_SETTINGS` stay in effect for the reads after it; the others keep generic
-    plans), and the savepoint is then rolled back to, as in :func:`read_settings`.
+    last (its :data:`READ_SETTINGS` stay in effect for the reads after it; the others keep
+    generic plans), and the savepoint is then rolled back to, as in :func:`read_settings`.
 
-    The reads are prepared statements (``prepare=True``; a connection whose
-    ``prepare_threshold`` is None prepares nothing): a sketch's maintenances repeat the same
-    texts, and parsing and planning them is most of PostgreSQL's time for a small delta. A
-    statement that fails is dropped from psycopg's cache and prepared anew on its next run."""
+    The batch goes out as one libpq pipeline (:mod:`sketches.pipelined`: psycopg's pipeline
+    API cost as much client time as the server's work for a small delta), and the reads are
+    named statements prepared once per connection (unless its ``prepare_threshold`` is None):
+    a sketch's maintenances repeat the same texts, and parsing and planning them is most of
+    PostgreSQL's time for a small delta. A statement that fails is prepared anew on its next
+    run."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         return None
     audits = list(dict.fromkeys(a for q in queries for a in q.audits))
     check = _probe_query(tuple(relids), tuple(a for _relid, a in audits))
+    tuned = any(q.tuned for q in queries)
+    since_b = since.encode()
+    steps = [pipelined.Step(_SAVEPOINT, prepared=False)]
+    at: dict[int, int] = {}
+    for i in sorted(range(len(queries)), key=lambda i: queries[i].tuned):
+        q = queries[i]
+        if q.setup is not None:
+            steps.append(pipelined.Step(_dollar(q.setup), (since_b,)))
+        at[i] = len(steps)
+        steps.append(pipelined.Step(_dollar(q.text), (since_b,)))
+    probe_at = len(steps)
+    steps.append(pipelined.Step(check))
+    steps += [pipelined.bound(conn, _dollar(st.text.encode()), st.params) for st in also]
+    steps += [pipelined.Step(u, prepared=False) for u in (_UNDO if tuned else _UNDO[1:])]
     try:
-        tuned = any(q.tuned for q in queries)
-        with conn.pipeline():
-            conn.execute(_SAVEPOINT)
-            fetched: dict[int, psycopg.Cursor[Any]] = {}
-            for i in sorted(range(len(queries)), key=lambda i: queries[i].tuned):
-                q = queries[i]
-                if q.setup is not None:
-                    conn.execute(q.setup, {"since": since}, prepare=True)
-                fetched[i] = conn.execute(q.text, {"since": since}, prepare=True)
-            probed = conn.execute(check, prepare=True)
-            extra = [conn.execute(st.text, st.params, prepare=True) for st in also]
-            for stmt in _UNDO if tuned else _UNDO[1:]:
-                conn.execute(stmt)
+        out = pipelined.run(conn, steps)
     except psycopg.Error as exc:
         log.debug("pipelined delta read failed (%s): probing first", exc)
         for stmt in _UNDO:
             conn.execute(stmt)
         return None
-    rows = probed.fetchall()
+    rows = out[probe_at] or []
     probe = _probe_result(conn, rows)
     for relid, audit_table in audits:
         info = probe.tables.get(relid)
         if info is None or info.audit_table != audit_table:
             return None
     _check_audits_visible(audits, rows[0])
-    return (probe, [fetched[i].fetchall() for i in range(len(queries))],
-            [cur.fetchall() for cur in extra])
+    return (probe, [out[at[i]] or [] for i in range(len(queries))],
+            [out[probe_at + 1 + k] or [] for k in range(len(also))])
+
+
+@lru_cache(maxsize=1024)
+def _dollar(text: bytes) -> bytes:
+    return pipelined.dollar(text)
 
 
 def any_since(conn: psycopg.Connection[Any], info: TableInfo, since: str) -> bool:

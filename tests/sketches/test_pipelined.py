@@ -1,0 +1,157 @@
+"""sketches.pipelined: one libpq pipeline per batch, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from sketches import pipelined
+from sketches.pipelined import BatchFailed, Step
+
+Conn = psycopg.Connection[Any]
+
+
+def _ours(conn: Conn) -> list[str]:
+    """The statements this module prepared on ``conn`` (server side)."""
+    rows = conn.execute("SELECT statement FROM pg_prepared_statements"
+                        " WHERE name LIKE '\\_imp\\_p%' ORDER BY prepare_time").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@pytest.fixture
+def typed(conn: Conn) -> str:
+    conn.execute("DROP TABLE IF EXISTS pl_t")
+    conn.execute("CREATE TABLE pl_t (i int, b bigint, n numeric, f float8, t text, ok bool,"
+                 " d date, a int[], s pg_snapshot)")
+    conn.execute("INSERT INTO pl_t VALUES (1, 2^40, 1.50, 0.1, 'x%y', true, '2026-01-02',"
+                 " '{1,NULL,3}', pg_current_snapshot()),"
+                 " (NULL, NULL, NULL, 'NaN', NULL, NULL, NULL, NULL, NULL)")
+    return "pl_t"
+
+
+def test_rows_are_the_values_a_cursor_returns(conn: Conn, typed: str) -> None:
+    query = b"SELECT * FROM pl_t WHERE i IS DISTINCT FROM $1 ORDER BY i NULLS LAST"
+    out = pipelined.run(conn, [Step(b"SELECT 1 WHERE false"), Step(query, (b"7",)),
+                               Step(b"SET LOCAL work_mem = '8MB'", prepared=False)])
+    expected = conn.execute("SELECT * FROM pl_t WHERE i IS DISTINCT FROM %s"
+                            " ORDER BY i NULLS LAST", (7,)).fetchall()
+    assert out[0] == []
+    assert repr(out[1]) == repr(expected) and len(expected) == 2   # same types too (NaN)
+    assert out[2] is None   # a command, not a query
+
+
+def test_statements_are_prepared_once_per_connection(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        steps = [Step(b"SELECT $1::int + 1", (b"41",)), Step(b"SELECT 2", prepared=False)]
+        for _ in range(3):
+            assert pipelined.run(c, steps)[0] == [(42,)]
+        assert _ours(c) == ["SELECT $1::int + 1"]
+    with psycopg.connect(db_dsn, autocommit=True) as other:
+        assert _ours(other) == []   # per connection
+        other.prepare_threshold = None   # the psycopg setting that prepares nothing
+        assert pipelined.run(other, steps)[0] == [(42,)]
+        assert _ours(other) == []
+
+
+def test_a_failing_step_raises_postgres_error_and_skips_the_rest(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn) as c:   # inside a transaction, as the delta reads are
+        c.execute("CREATE TEMP TABLE pl_seen (x int)")
+        steps = [Step(b"INSERT INTO pl_seen VALUES (1)"), Step(b"SELECT 1 / $1::int", (b"0",)),
+                 Step(b"INSERT INTO pl_seen VALUES (2)")]
+        with pytest.raises(BatchFailed) as info:
+            pipelined.run(c, steps)
+        assert info.value.sqlstate == "22012" and info.value.step == 1
+        assert info.value.message == "division by zero"
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        assert c.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+        c.rollback()
+        c.execute("CREATE TEMP TABLE pl_seen (x int)")
+        ok = [Step(b"INSERT INTO pl_seen VALUES (3)"), Step(b"SELECT 1 / $1::int", (b"1",))]
+        assert pipelined.run(c, ok)[1] == [(1,)]
+        assert c.execute("SELECT x FROM pl_seen").fetchall() == [(3,)]
+
+
+def test_a_statement_that_never_parsed_is_prepared_again(conn: Conn) -> None:
+    conn.execute("DROP TABLE IF EXISTS pl_late")
+    step = Step(b"SELECT count(*) FROM pl_late")
+    with pytest.raises(BatchFailed) as info:
+        pipelined.run(conn, [step])
+    assert info.value.sqlstate == "42P01"
+    conn.execute("CREATE TABLE pl_late (x int)")
+    assert pipelined.run(conn, [step]) == [[(0,)]]
+
+
+def test_statements_deallocated_behind_its_back_are_prepared_again(conn: Conn) -> None:
+    step = Step(b"SELECT 'again'")
+    assert pipelined.run(conn, [step]) == [[("again",)]]
+    conn.execute("DEALLOCATE ALL")
+    with pytest.raises(BatchFailed) as info:
+        pipelined.run(conn, [step])
+    assert info.value.sqlstate == "26000"
+    assert pipelined.run(conn, [step]) == [[("again",)]]
+    assert _ours(conn) == ["SELECT 'again'"]
+
+
+def test_least_recently_used_statements_are_closed(conn: Conn,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelined, "MAX_PREPARED", 2)
+    pipelined.forget_all(conn)
+    conn.execute("DEALLOCATE ALL")
+    for i in range(5):
+        pipelined.run(conn, [Step(b"SELECT %d" % i)])
+    pipelined.run(conn, [Step(b"SELECT 4")])   # sends the pending closes
+    assert _ours(conn) == ["SELECT 3", "SELECT 4"]
+
+
+def test_waiting_for_postgres_releases_the_gil(db_dsn: str) -> None:
+    """The proxy runs maintenance in worker threads: a batch waiting for PostgreSQL must not
+    stop its event loop."""
+    ticks = 0
+    done = threading.Event()
+
+    def batch() -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as c:
+            pipelined.run(c, [Step(b"SELECT pg_sleep(0.5)")])
+        done.set()
+
+    t = threading.Thread(target=batch)
+    t.start()
+    time.sleep(0.15)   # connected and waiting by now
+    start = time.monotonic()
+    while not done.is_set() and time.monotonic() - start < 5:
+        ticks += 1
+        time.sleep(0.001)
+    t.join()
+    assert done.is_set()
+    assert ticks >= 50   # ~1 ms ticks for the ~0.35 s the batch still waited
+
+
+def test_a_connection_in_pipeline_mode_is_refused(conn: Conn) -> None:
+    with conn.pipeline():
+        with pytest.raises(pipelined.PipelineBusy):
+            pipelined.run(conn, [Step(b"SELECT 1")])
+
+
+def test_dollar_placeholders() -> None:
+    assert pipelined.dollar(b"SELECT %s, '100%%', %s") == b"SELECT $1, '100%', $2"
+    assert pipelined.dollar(b"x = %(since)s AND y = %(since)s") == b"x = $1 AND y = $1"
+    assert pipelined.dollar(b"SELECT '%%(since)s'") == b"SELECT '%(since)s'"
+    for bad in (b"SELECT %(other)s", b"SELECT %b", b"SELECT %s, %(since)s", b"50%"):
+        with pytest.raises(ValueError):
+            pipelined.dollar(bad)
+
+
+@pytest.mark.parametrize("value", ["it's", "", 42, -7, Decimal("1.50"), True, None,
+                                   dt.date(2026, 1, 2), 2**70])
+def test_bound_params_reach_postgres_as_a_cursor_sends_them(conn: Conn,
+                                                            value: object) -> None:
+    step = pipelined.bound(conn, b"SELECT $1::text", [value])
+    got = pipelined.run(conn, [step])[0]
+    expected = conn.execute("SELECT %s::text", (value,)).fetchall()
+    assert got == expected
