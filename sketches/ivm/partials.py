@@ -239,6 +239,7 @@ def parse(spec: PlanSpec,
         at += 3 if summed else 0 if a.func in ("min", "max") else 1
     out: list[Partial] = []
     values: list[ValueChange] = []
+    one = frag_cols[0] if len(frag_cols) == 1 else None
     for r in rows:
         if r[-1]:
             raise InconsistentDelta("audit rows with a multiplicity other than ±1")
@@ -246,9 +247,21 @@ def parse(spec: PlanSpec,
             j = r[at_v + nv:at0].index(0)
             values.append((r[:ng], valued[j], r[at_v + j], r[at0]))
             continue
-        parts = [None if c < 0 else
-                 (subtract(0 if r[c] is None else r[c], 0 if r[c + 1] is None else r[c + 1]),
-                  r[c + 2]) if summed else r[c]
-                 for c, summed in layout]
-        out.append((r[:ng], tuple([(s, r[c]) for s, c in frag_cols]), r[at0], parts))
+        parts: list[object] = []
+        for c, summed in layout:   # a loop, not a comprehension: no call per row
+            if c < 0:
+                parts.append(None)
+            elif summed:
+                pos, neg = r[c], r[c + 1]
+                if pos is None:
+                    pos = 0
+                if neg is None:
+                    neg = 0
+                parts.append((pos - neg if type(pos) is int and type(neg) is int
+                              else subtract(pos, neg), r[c + 2]))
+            else:
+                parts.append(r[c])
+        frags = (((one[0], r[one[1]]),) if one is not None
+                 else tuple([(s, r[c]) for s, c in frag_cols]))
+        out.append((r[:ng], frags, r[at0], parts))
     return out, values

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, cast
+from typing import Any
 
 from sortedcontainers import SortedDict
 
@@ -152,9 +152,9 @@ class CountAcc:
             if self.nonnull < 0:
                 raise InconsistentDelta("count below zero")
 
-    def absorb(self, part: object) -> None:
+    def absorb(self, part: Any) -> None:
         """Adds a pre-aggregated change: the signed change of the non-NULL count."""
-        self.nonnull += cast(int, part)
+        self.nonnull += part
         if self.nonnull < 0:
             raise InconsistentDelta("count below zero")
 
@@ -189,14 +189,18 @@ class SumAcc:
         if self.nonnull == 0:
             self.total = 0   # drops float residue and Decimal exponent drift of an empty group
 
-    def absorb(self, part: object) -> None:
-        """Adds a pre-aggregated change ``(sum change, non-NULL count change)``."""
-        total, nonnull = cast(tuple[Any, int], part)
-        self.total = numeric.add(self.total, total)
-        self.nonnull += nonnull
-        if self.nonnull < 0:
-            raise InconsistentDelta("sum: non-NULL count below zero")
-        if self.nonnull == 0:
+    def absorb(self, part: Any) -> None:
+        """Adds a pre-aggregated change ``(sum change, non-NULL count change)``. (Two ints,
+        the common case, are added here: ``numeric.add`` is a call more per group.)"""
+        total, nonnull = part
+        mine = self.total
+        self.total = (mine + total if type(mine) is int and type(total) is int
+                      else numeric.add(mine, total))
+        nonnull += self.nonnull
+        self.nonnull = nonnull
+        if nonnull <= 0:
+            if nonnull < 0:
+                raise InconsistentDelta("sum: non-NULL count below zero")
             self.total = 0
 
     def result(self) -> object:

@@ -259,16 +259,36 @@ class Aggregate(Operator):
             if st is None:
                 st = groups[key] = new_group(key)
             if key not in before:
-                before[key] = passes(key, st)
+                if st.count <= 0:
+                    before[key] = False
+                else:
+                    passed = st.passed
+                    if passed is None:
+                        passed = st.passed = passes(key, st)
+                    before[key] = passed
                 if others:
                     old_rows[key] = (key + tuple(map(_result, st.accs))
                                      if st.count > 0 else None)
             st.count += count
-            for slot, f in frags:
-                counter = st.frags[slot]
-                if count_fragment(counter, f, count):
-                    net = flips.setdefault(key, {})
-                    net[slot, f] = net.get((slot, f), 0) + (1 if f in counter else -1)
+            counters = st.frags
+            for slot, f in frags:   # merge.count_fragment, inlined: a call per row costs
+                counter = counters[slot]
+                was = counter.get(f, 0)
+                c = was + count
+                if c > 0:
+                    counter[f] = c
+                    if was:
+                        continue
+                    flip = 1
+                elif c == 0:
+                    if not was:
+                        continue
+                    del counter[f]
+                    flip = -1
+                else:
+                    raise InconsistentDelta(f"fragment {f} counted below zero")
+                net = flips.setdefault(key, {})
+                net[slot, f] = net.get((slot, f), 0) + flip
             for acc, part in zip(st.accs, partials, strict=True):
                 acc.absorb(part)
         self._apply_values(values, before)
@@ -306,23 +326,18 @@ class Aggregate(Operator):
             self._settle_buffers(touched)
 
     def _pass_test(self, having: HavingTest | None) -> Callable[[Row, GroupState], bool]:
-        """``(key, state) -> bool``: the group has an output row and it passes ``having``;
-        from ``state.passed`` when known, else computed and remembered — on the accumulators
+        """``(key, state) -> bool`` for a group with an output row (``count > 0``): its row
+        passes ``having`` (None: every row passes). Computed, not read from ``state.passed``:
+        the callers keep that cache themselves (a call less per group). On the accumulators
         (:mod:`sketches.ivm.ops.grouptest`) when the predicate allows, else on an output row
         with placeholders for the aggregates the test does not read."""
         if having is None:
-            return lambda key, st: st.count > 0
+            return lambda key, st: True
         test, cols, predicate = having
         width = len(self.group_by)
         on_group = compile_group_test(predicate, width, [a.func for a in self.aggs])
         if on_group is not None:
-            def lazily(key: Row, st: GroupState) -> bool:
-                if st.count <= 0:
-                    return False
-                if st.passed is None:
-                    st.passed = on_group((key, st.accs)) is True
-                return st.passed
-            return lazily
+            return lambda key, st: on_group((key, st.accs)) is True
         needed = [width + i in cols for i in range(len(self.aggs))]
         if all(needed):
             def results(accs: list[Accumulator]) -> tuple[object, ...]:
@@ -330,14 +345,7 @@ class Aggregate(Operator):
         else:
             def results(accs: list[Accumulator]) -> tuple[object, ...]:
                 return tuple([a.result() if n else None for a, n in zip(accs, needed, strict=True)])
-
-        def passes(key: Row, st: GroupState) -> bool:
-            if st.count <= 0:
-                return False
-            if st.passed is None:
-                st.passed = test(key + results(st.accs)) is True
-            return st.passed
-        return passes
+        return lambda key, st: test(key + results(st.accs)) is True
 
     def _passing_changes(self, before: dict[Row, bool],
                          flips: dict[Row, dict[tuple[int, int], int]],
@@ -346,14 +354,17 @@ class Aggregate(Operator):
         groups = self.groups
         for key, was in before.items():
             st = groups[key]
-            if st.count < 0:
-                raise InconsistentDelta(f"group {key!r} counted below zero")
-            if st.count == 0 and any(st.frags):
-                raise InconsistentDelta(f"empty group {key!r} still counts fragments")
-            st.passed = None
-            now = passes(key, st)
-            if st.count == 0:
+            count = st.count
+            if count <= 0:
+                if count < 0:
+                    raise InconsistentDelta(f"group {key!r} counted below zero")
+                if any(st.frags):
+                    raise InconsistentDelta(f"empty group {key!r} still counts fragments")
                 del groups[key]
+                if was:
+                    _count_passing(changes, st, flips.get(key), was, False)
+                continue
+            now = st.passed = passes(key, st)
             if was or now:
                 _count_passing(changes, st, flips.get(key), was, now)
         return changes

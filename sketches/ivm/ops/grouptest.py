@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import cast
 
-from sketches.ivm.expr import And, Cmp, Expr, Or
+from sketches.ivm.expr import _CMP, And, Cmp, Expr, Or
 from sketches.ivm.ops.accumulators import Accumulator
 from sketches.ivm.ops.select import column_and_constant, connective, value_vs_constant
 from sketches.ivm.zset import Row
@@ -66,9 +66,17 @@ def compile_group_test(expr: Expr, width: int, funcs: Sequence[str]) -> GroupEva
 
 
 def _aggregate_vs_constant(op: str, i: int, const: object) -> GroupEval:
-    """The comparison of aggregate ``i``'s result with ``const``."""
+    """The comparison of aggregate ``i``'s result with ``const`` (an int result, the common
+    case, compared right here: what :func:`value_vs_constant` does for it, a call less)."""
     test = value_vs_constant(op, const)
-    return lambda view: test(view[1][i].result())
+    if type(const) is float:
+        return lambda view: test(view[1][i].result())
+    compare = _CMP[op]
+
+    def leaf(view: GroupView) -> object:
+        a = view[1][i].result()
+        return compare(a, const) if type(a) is int else test(a)
+    return leaf
 
 
 def _average_vs_constant(op: str, i: int, const: object, m: int, scale: int) -> GroupEval:
