@@ -12,7 +12,10 @@ that differ only in one :class:`sketches.ivm.plan.Options` field:
 * ``preaggregate`` on/off — groups-5K (one table), join-1n-5% and join-mn-5% (the join's
   delta evaluated and summed in PostgreSQL vs fetched row by row with partner lookups);
 * (b) ``pushdown`` on/off — where-10% (``WHERE r.c < q10`` under GROUP BY a HAVING);
-* (c) ``minmax_buffer`` 64 vs None (all values) — aggs-3 (``max(d)``); ``topk_buffer``
+* ``minmax_counts`` on/off — aggs-3 and aggs-10 (``max(d) >= c`` in HAVING as a count of
+  the rows with ``d >= c`` vs a buffer of the 64 largest values per group);
+* (c) ``minmax_buffer`` 64 vs None (all values) — aggs-3 (``max(d)``, ``minmax_counts`` off on
+  both sides); ``topk_buffer``
   default (max(2k, k + 64)) vs 16 — topk-rows, and vs every group — topk-groups; buffer
   refills counted;
 * ``fuse_having`` on/off — groups-1K and aggs-10 (aggregate, HAVING and merge as one step
@@ -102,8 +105,10 @@ ABLATIONS: tuple[Ablation, ...] = (
                "pre-aggregated", "per row") for s in ("groups-5K", "join-1n-5%", "join-mn-5%")),
     Ablation("pushdown", "where-10%", Options(pushdown=True), Options(pushdown=False),
              "pushed", "unpushed"),
-    Ablation("minmax_buffer", "aggs-3", Options(minmax_buffer=64), Options(minmax_buffer=None),
-             "64", "all values"),
+    Ablation("minmax_buffer", "aggs-3", Options(minmax_buffer=64, minmax_counts=False),
+             Options(minmax_buffer=None, minmax_counts=False), "64", "all values"),
+    *(Ablation("minmax_counts", s, Options(minmax_counts=True), Options(minmax_counts=False),
+               "counts", "buffers (64)") for s in ("aggs-3", "aggs-10")),
     Ablation("topk_buffer", "topk-rows", Options(topk_buffer=None), Options(topk_buffer=16),
              "default (74)", "16"),
     Ablation("topk_buffer", "topk-groups", Options(topk_buffer=None),

@@ -27,7 +27,7 @@ from sketches.capture import CaptureTarget
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
 from sketches.ivm.pipeline import Head, Pipeline
-from sketches.ivm.plan import SketchTarget
+from sketches.ivm.plan import SketchTarget, state_analysis
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
 from sketches.sketch import Sketch
 from sketches.sql import QueryAnalysis
@@ -225,7 +225,8 @@ class IncrementalMaintenance:
             return None
         try:
             seed: AggregateState | None = spark_state(
-                conn, analysis, targets, params, pipeline.spec.options.minmax_buffer)
+                conn, state_analysis(analysis, pipeline.spec), targets, params,
+                pipeline.spec.options.minmax_buffer)
         except BackendError as exc:  # e.g. a relation the backend cannot resolve
             log.info("aggregate state built in PostgreSQL: %s", exc)
             return None

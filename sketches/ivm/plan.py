@@ -17,6 +17,7 @@ the manager then recaptures instead.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,13 +25,14 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
+from sketches.ivm import thresholds
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import Col, Expr
 from sketches.ivm.ops.aggregate import AggSpec
 from sketches.ivm.ops.topk import OrderItem
 from sketches.ivm.sqltext import bind_params, parse_expression
 from sketches.ranges import RangePartition
-from sketches.sql.model import Expression, QueryAnalysis
+from sketches.sql.model import AggregateCall, Expression, QueryAnalysis
 
 if TYPE_CHECKING:
     from sketches.ivm.pipeline import Pipeline
@@ -74,10 +76,17 @@ class Options:
     ``fuse_having``: with a pre-aggregated delta and no top-k, the aggregate, HAVING and the
     merge run as one step (``Aggregate.step_sketch``) that computes no old output rows and
     only the aggregates HAVING reads. Off, the operators run one after another, as on the
-    row path. Same state either way (left out of the fingerprint)."""
+    row path. Same state either way (left out of the fingerprint).
+
+    ``minmax_counts``: without ORDER BY, a min/max that only HAVING reads, in comparisons with
+    a constant such as ``max(x) >= c``, is maintained as a count of the rows with ``x >= c``
+    (evaluated by PostgreSQL) instead of a buffer of values, and an aggregate HAVING does not
+    read is not maintained (:mod:`sketches.ivm.thresholds`). A different state, so part of the
+    fingerprint."""
 
     minmax_buffer: int | None = 64
     topk_buffer: int | None = None
+    minmax_counts: bool = True
     join_filter: bool = False
     pushdown: bool = field(default=True, repr=False)
     preaggregate: bool = field(default=True, repr=False)
@@ -129,6 +138,10 @@ class PlanSpec:
     distinct_cols: tuple[int, ...] = ()
     k: int | None = None
     options: Options = field(default_factory=Options)
+    agg_origin: tuple[int | thresholds.Counter, ...] = ()
+    """Where each of ``aggs`` comes from when they are not the query's own aggregates
+    (``Options.minmax_counts``): the index of the query's aggregate, or the count standing in
+    for a min/max; empty: ``aggs`` are the query's aggregates, in order."""
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -280,6 +293,31 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
                     options=options, **extra)  # type: ignore[arg-type]
 
 
+def state_analysis(analysis: QueryAnalysis, spec: PlanSpec) -> QueryAnalysis:
+    """``analysis`` with the aggregates ``spec`` maintains (see ``PlanSpec.agg_origin``) and
+    without HAVING, ORDER BY and LIMIT: what a backend that builds aggregate state for the
+    pipeline (``sketches.backends``: Spark) must compute."""
+    if not spec.agg_origin:
+        return analysis
+    calls: list[AggregateCall] = []
+    for origin in spec.agg_origin:
+        if isinstance(origin, int):
+            calls.append(analysis.aggregates[origin])
+            continue
+        arg = _counted(analysis.aggregates[origin.agg].arg, origin)
+        calls.append(AggregateCall("count", arg, False, f"count({arg.sql})"))
+    return dataclasses.replace(analysis, aggregates=tuple(calls), having=None, order_by=(),
+                               limit=None)
+
+
+def _counted(arg: Expression | None, counter: thresholds.Counter) -> Expression:
+    """The argument of the count standing in for a min/max (:mod:`.thresholds`)."""
+    assert arg is not None, "min/max always have an argument"
+    if counter.op is None:
+        return arg
+    return dataclasses.replace(arg, sql=counter.condition_sql(arg.sql), column=None)
+
+
 def _limit(analysis: QueryAnalysis, params: Sequence[object] | None) -> int | None:
     if analysis.limit is None or not analysis.order_by:
         return None
@@ -295,25 +333,36 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options) -> tuple[str,
         if analysis.distinct:
             raise NotMaintainable("DISTINCT over an aggregate")
         group_pos = tuple(b.need(b.table_of(g), g.sql) for g in analysis.group_by)
-        aggs: list[AggSpec] = []
-        agg_sql: list[str | None] = []
         for call in analysis.aggregates:
             if call.distinct:
                 raise NotMaintainable(f"{call.sql}: DISTINCT aggregates are not maintained")
             if call.func not in _FUNCS:
                 raise NotMaintainable(f"aggregate {call.func} is not maintained")
-            if call.arg is None:
-                aggs.append(AggSpec("count_star"))
-                agg_sql.append(None)
-            else:
-                aggs.append(AggSpec(call.func, b.need(b.table_of(call.arg), call.arg.sql)))
-                agg_sql.append(b.bind(call.arg.sql))
         width = len(group_pos)
         leaves: list[tuple[str, Expr]] = [(c.sql, Col(width + i))
                                           for i, c in enumerate(analysis.aggregates)]
         leaves += [(g.sql, Col(i)) for i, g in enumerate(analysis.group_by)]
         having = (parse_expression(analysis.having.sql, leaves, b.params)
                   if analysis.having is not None else None)
+        calls: list[tuple[str, Expression | None]] = [
+            ("count_star" if c.arg is None else c.func, c.arg) for c in analysis.aggregates]
+        origin: tuple[int | thresholds.Counter, ...] = ()
+        if options.minmax_counts and k is None and having is not None:
+            rw = thresholds.rewrite(having, width, [f for f, _ in calls])
+            if rw is not None:
+                having = rw.having
+                calls = [calls[i] for i in rw.kept] + [
+                    ("count", _counted(calls[c.agg][1], c)) for c in rw.counters]
+                origin = (*rw.kept, *rw.counters)
+        aggs: list[AggSpec] = []
+        agg_sql: list[str | None] = []
+        for func, arg in calls:
+            if arg is None:
+                aggs.append(AggSpec("count_star"))
+                agg_sql.append(None)
+            else:
+                aggs.append(AggSpec(func, b.need(b.table_of(arg), arg.sql)))
+                agg_sql.append(b.bind(arg.sql))
         order_exprs: tuple[Expr, ...] = ()
         order: tuple[OrderItem, ...] = ()
         if k is not None:
@@ -325,7 +374,8 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options) -> tuple[str,
         return "aggregate", {
             "group_by": group_pos, "group_sql": tuple(b.bind(g.sql) for g in analysis.group_by),
             "aggs": tuple(aggs), "agg_sql": tuple(agg_sql), "scalar": not group_pos,
-            "having": having, "order_exprs": order_exprs, "order": order, "k": k}
+            "having": having, "order_exprs": order_exprs, "order": order, "k": k,
+            "agg_origin": origin}
     if analysis.distinct:
         cols = []
         for item in analysis.select:

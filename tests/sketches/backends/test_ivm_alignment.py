@@ -19,7 +19,7 @@ from sketches.backends.routing import RoutedBackend
 from sketches.backends.spark import SparkBackend
 from sketches.cost import CostSettings
 from sketches.ivm.ops.aggregate import Aggregate
-from sketches.ivm.plan import Options, SketchTarget, compile
+from sketches.ivm.plan import Options, SketchTarget, compile, state_analysis
 from tests.sketches.backends.helpers import fragments_of, targets_for
 
 pytestmark = pytest.mark.slow
@@ -30,6 +30,9 @@ CASES = (
     "SELECT r.g, s.region, count(r.v), max(s.label) FROM r JOIN s ON r.g = s.x"
     " WHERE s.region < 2 GROUP BY r.g, s.region HAVING count(r.v) > 4",
     "SELECT r.g, sum(r.v) AS sv FROM r GROUP BY r.g ORDER BY sv DESC NULLS LAST, r.g LIMIT 3",
+    # min/max maintained as counts (Options.minmax_counts): Spark counts what PostgreSQL's
+    # pushed-down read evaluated
+    "SELECT r.g, max(r.v) FROM r GROUP BY r.g HAVING max(r.v) >= 30 OR min(r.v) > 5",
 )
 
 
@@ -62,10 +65,13 @@ def test_spark_state_seeds_the_pipeline_identically(tracked: psycopg.Connection[
     with psycopg.connect(db_dsn) as rr:
         rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         frags = pipeline.build_state(rr)
-        state = routed.spark_state(rr, analysis, targets, None, options.minmax_buffer)
+        state = routed.spark_state(rr, state_analysis(analysis, pipeline.spec), targets, None,
+                                   options.minmax_buffer)
         captured = spark_backend.capture(rr, text, analysis, targets)
         rr.rollback()
     assert state is not None and state.version == pipeline.version
+    if "HAVING max" in text:
+        assert {a.func for a in pipeline.spec.aggs} == {"count"}
     decision = routed.last_decision()
     assert decision is not None and decision.ran_on == "spark"
     built = pipeline.aggregate

@@ -13,7 +13,7 @@ import pytest
 
 import pg_extensions
 from sketches.backends.postgres import PostgresBackend
-from sketches.ivm.plan import Options, SketchTarget, compile
+from sketches.ivm.plan import Options, SketchTarget, compile, state_analysis
 from tests.sketches.backends.helpers import targets_for
 
 QUERY = ("SELECT r.g, sum(r.v), min(r.v), max(r.v), count(*) FROM r GROUP BY r.g"
@@ -46,7 +46,9 @@ def test_seeded_state_equals_built_state_and_maintains(tracked: psycopg.Connecti
     _, _, built = _pipeline(tracked)
     with psycopg.connect(db_dsn) as rr:
         rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        seed = PostgresBackend().build_state(rr, analysis, targets, None, 3)
+        seed = PostgresBackend().build_state(rr, state_analysis(analysis, seeded.spec), targets,
+                                             None, 3)
+        assert seed.functions == tuple(a.func for a in seeded.spec.aggs)   # so it is used
         frags = seeded.build_state(rr, seed)
         expected = built.build_state(rr)
         rr.rollback()
@@ -73,7 +75,8 @@ def test_seed_changes_the_state(tracked: psycopg.Connection[Any], db_dsn: str) -
     analysis, targets, pipeline = _pipeline(tracked)
     with psycopg.connect(db_dsn) as rr:
         rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        seed = PostgresBackend().build_state(rr, analysis, targets, None, 3)
+        seed = PostgresBackend().build_state(rr, state_analysis(analysis, pipeline.spec), targets,
+                                             None, 3)
         empty = type(seed).build(seed.version, seed.functions, seed.slots, [], [], [],
                                  "test", 0.0)
         frags = pipeline.build_state(rr, empty)
@@ -86,7 +89,9 @@ def test_seed_of_another_snapshot_is_ignored(tracked: psycopg.Connection[Any], d
                                              caplog: pytest.LogCaptureFixture) -> None:
     analysis, targets, pipeline = _pipeline(tracked)
     _, _, built = _pipeline(tracked)
-    stale = PostgresBackend().build_state(tracked, analysis, targets, None, 3)
+    stale = PostgresBackend().build_state(tracked, state_analysis(analysis, pipeline.spec),
+                                          targets, None, 3)
+    assert stale.functions == tuple(a.func for a in pipeline.spec.aggs)   # only the version
     tracked.execute("INSERT INTO r (g, v) VALUES (99, 40)")
     with psycopg.connect(db_dsn) as rr:
         rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

@@ -84,7 +84,7 @@ HAVING = Case(
     " HAVING sum(t.v) > 14 OR max(t.w) >= 6 OR avg(t.v) = 2.5",
     (SketchTarget(0, "g", G_PART),),
     groups_sketch("GROUP BY t.g HAVING sum(t.v) > 14 OR max(t.w) >= 6 OR avg(t.v) = 2.5"),
-    Options(minmax_buffer=2))
+    Options(minmax_buffer=2, minmax_counts=False))
 
 TOPK_ROWS = Case(
     "SELECT t.id, t.v FROM s1 t WHERE t.v IS NOT NULL ORDER BY t.v DESC, t.id LIMIT 3",
@@ -115,7 +115,7 @@ JOIN = Case(
     " j AS (SELECT r.*, s.rid FROM r JOIN s ON s.rid = r.id JOIN q ON r.g IS NOT DISTINCT FROM q.g)"
     f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
     f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
-    Options(minmax_buffer=1, join_filter=True))
+    Options(minmax_buffer=1, join_filter=True, minmax_counts=False))
 
 
 DISTINCT = Case(
@@ -130,7 +130,7 @@ SCALAR = Case(
     (SketchTarget(0, "g", G_PART),),
     f"SELECT DISTINCT 0, {frag(G_PART, 'x')} FROM s1 x WHERE x.g > 2"
     " AND (SELECT max(t.w) FROM s1 t WHERE t.g > 2) > 3",
-    Options(minmax_buffer=1))
+    Options(minmax_buffer=1, minmax_counts=False))
 
 JOIN_TOPK = Case(
     "SELECT r.id, s.b FROM r JOIN s ON s.rid = r.id WHERE s.b IS NOT NULL"
@@ -150,7 +150,7 @@ WHERE_AGG = Case(
     (SketchTarget(0, "g", G_PART),),
     groups_sketch(f"WHERE {WHERE_AGG_WHERE} GROUP BY t.g HAVING count(*) >= 3 OR min(t.w) <= 0",
                   "x.v < 4 AND x.w <> 2"),
-    Options(pushdown=False, minmax_buffer=None))
+    Options(pushdown=False, minmax_buffer=None, minmax_counts=False))
 
 WHERE_JOIN_WHERE = "s.b < 5 AND r.a > 2"
 WHERE_JOIN = Case(
@@ -163,7 +163,7 @@ WHERE_JOIN = Case(
     f"  WHERE {WHERE_JOIN_WHERE})"
     f" SELECT DISTINCT 0, {frag(RG_PART, 'r')} FROM j AS r"
     f" UNION SELECT DISTINCT 1, {frag(SRID_PART, 's')} FROM j AS s",
-    Options(pushdown=False, join_filter=True, minmax_buffer=1))
+    Options(pushdown=False, join_filter=True, minmax_buffer=1, minmax_counts=False))
 
 
 def with_options(case: Case, **changes: Any) -> Case:
@@ -356,11 +356,28 @@ def run_sequence(dsn: str, case: Case, data: st.DataObject, ops: st.SearchStrate
             w.close()
 
 
+FORALL_HAVING = "5 > max(t.w) OR (min(t.v) >= 3 AND count(*) > 1) OR max(t.v) <= 0"
+FORALL = Case(
+    f"SELECT t.g, count(*) FROM s1 t GROUP BY t.g HAVING {FORALL_HAVING}",
+    (SketchTarget(0, "g", G_PART),),
+    groups_sketch(f"GROUP BY t.g HAVING {FORALL_HAVING}"),
+    Options(minmax_buffer=1, minmax_counts=False))
+"""min/max compared so that every value must pass (max <= c, min >= c, a constant on the
+left), the forms ``Options.minmax_counts`` maintains as two counts."""
+
+
 @pytest.mark.parametrize("case", [HAVING, with_options(HAVING, preaggregate=False), TOPK_ROWS,
                                   TOPK_GROUPS, with_options(TOPK_GROUPS, topk_buffer=2),
-                                  TOPK_GROUPS_TIES, DISTINCT, SCALAR],
+                                  TOPK_GROUPS_TIES, DISTINCT, SCALAR,
+                                  with_options(HAVING, minmax_counts=True),
+                                  with_options(HAVING, minmax_counts=True, preaggregate=False),
+                                  with_options(SCALAR, minmax_counts=True),
+                                  FORALL, with_options(FORALL, minmax_counts=True),
+                                  with_options(FORALL, minmax_counts=True, preaggregate=False)],
                          ids=["having", "having-per-row", "topk_rows", "topk_groups",
-                              "topk_groups-buffer2", "topk_groups-ties", "distinct", "scalar"])
+                              "topk_groups-buffer2", "topk_groups-ties", "distinct", "scalar",
+                              "having-counts", "having-counts-per-row", "scalar-counts",
+                              "forall", "forall-counts", "forall-counts-per-row"])
 @SETTINGS
 @given(data=st.data())
 def test_single_table_sequences(db: str, case: Case, data: st.DataObject) -> None:
@@ -393,8 +410,11 @@ def test_preaggregated_and_per_row_deltas(db: str, case: Case, data: st.DataObje
     run_sequence(db, case, data, S1_OPS, apply_s1)
 
 
-@pytest.mark.parametrize("case", [JOIN, with_options(JOIN, join_filter=False), JOIN_TOPK],
-                         ids=["having-filter-per-row", "having-preaggregated", "topk"])
+@pytest.mark.parametrize("case", [JOIN, with_options(JOIN, join_filter=False), JOIN_TOPK,
+                                  with_options(JOIN, join_filter=False, minmax_counts=True),
+                                  with_options(JOIN, minmax_counts=True)],
+                         ids=["having-filter-per-row", "having-preaggregated", "topk",
+                              "having-preaggregated-counts", "having-filter-per-row-counts"])
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
 def test_join_sequences(db: str, case: Case, data: st.DataObject) -> None:
@@ -602,12 +622,15 @@ def test_join_preaggregated_and_per_row_deltas(db: str, case: Case,
 
 UNPUSHED_SINGLE = [WHERE_AGG, with_options(WHERE_AGG, minmax_buffer=1), WHERE_AGG_PUSHED,
                    with_options(SCALAR, pushdown=False),
-                   with_options(TOPK_ROWS, pushdown=False)]
+                   with_options(TOPK_ROWS, pushdown=False),
+                   with_options(WHERE_AGG, minmax_counts=True),
+                   with_options(WHERE_AGG_PUSHED, minmax_counts=True)]
 
 
 @pytest.mark.parametrize("case", UNPUSHED_SINGLE,
                          ids=["where-unpushed-all-values", "where-unpushed-buffer1",
-                              "where-pushed", "scalar-unpushed", "topk-rows-unpushed"])
+                              "where-pushed", "scalar-unpushed", "topk-rows-unpushed",
+                              "where-unpushed-counts", "where-pushed-counts"])
 @SETTINGS
 @given(data=st.data())
 def test_where_sequences_with_and_without_pushdown(db: str, case: Case,
@@ -620,12 +643,14 @@ def test_where_sequences_with_and_without_pushdown(db: str, case: Case,
 
 UNPUSHED_JOIN = [WHERE_JOIN, with_options(WHERE_JOIN, minmax_buffer=None),
                  with_options(WHERE_JOIN, pushdown=True),
-                 with_options(JOIN_TOPK, pushdown=False, join_filter=True)]
+                 with_options(JOIN_TOPK, pushdown=False, join_filter=True),
+                 with_options(WHERE_JOIN, minmax_counts=True)]
 
 
 @pytest.mark.parametrize("case", UNPUSHED_JOIN,
                          ids=["where-unpushed-filter-buffer1", "where-unpushed-filter-all-values",
-                              "where-pushed-filter", "topk-unpushed-filter"])
+                              "where-pushed-filter", "topk-unpushed-filter",
+                              "where-unpushed-filter-counts"])
 @settings(SETTINGS, max_examples=10)
 @given(data=st.data())
 def test_join_where_sequences_with_and_without_pushdown(db: str, case: Case,
@@ -920,3 +945,15 @@ def test_join_filter_skips_lookups_without_partners(db: str) -> None:
         off.build_state(c)
         assert off.filters == [(None, None)] and off.sketch() == pipe.sketch()
         c.commit()
+
+
+@pytest.mark.parametrize("case", [HAVING, JOIN, SCALAR, WHERE_AGG, WHERE_JOIN, FORALL])
+def test_minmax_counts_replace_every_min_max_that_only_having_compares(case: Case) -> None:
+    """The sequences above run each of these cases with buffers and with counts: each must
+    really be the one it claims."""
+    def funcs(options: Options) -> set[str]:
+        spec = compile(analyse(case.query), case.targets, None, options).spec
+        return {a.func for a in spec.aggs}
+    assert funcs(case.options) & {"min", "max"}
+    counted = funcs(dataclasses.replace(case.options, minmax_counts=True))
+    assert not counted & {"min", "max"} and "count" in counted
