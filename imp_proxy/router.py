@@ -321,6 +321,9 @@ class Router:
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # keep the original error
                     conn.execute("ROLLBACK")
+                rolled_back = getattr(self._hook_for(dbname), "rolled_back", None)
+                if rolled_back is not None:  # the hook's caches of what it wrote there
+                    rolled_back()
                 raise
         return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql,
                               details)

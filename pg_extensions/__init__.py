@@ -42,26 +42,36 @@ def migrations() -> list[Migration]:
 
 
 def install(conn: psycopg.Connection[Any]) -> list[str]:
-    """Applies every migration not yet applied (or changed) in one transaction; returns names."""
-    applied: list[str] = []
+    """Applies every migration not yet applied (or changed) in one transaction; returns names.
+
+    Inside a transaction of the caller's it runs in that transaction itself, not in a
+    savepoint: a savepoint's writes commit under a subtransaction xid, which a caller that
+    records its own transaction's xid (sketches.freshness) would take for someone else's."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        return _apply(conn)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute("CREATE SCHEMA IF NOT EXISTS imp")
+        return _apply(conn)
+
+
+def _apply(conn: psycopg.Connection[Any]) -> list[str]:
+    applied: list[str] = []
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+    conn.execute("CREATE SCHEMA IF NOT EXISTS imp")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS imp.schema_version ("
+        " version int PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now())")
+    rows = conn.execute("SELECT version, checksum FROM imp.schema_version").fetchall()
+    done: dict[int, str] = {int(v): str(c) for v, c in rows}
+    for m in migrations():
+        if done.get(m.version) == m.checksum:
+            continue
+        log.info("applying %s", m.name)
+        conn.execute(m.sql.encode())
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS imp.schema_version ("
-            " version int PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())")
-        rows = conn.execute("SELECT version, checksum FROM imp.schema_version").fetchall()
-        done: dict[int, str] = {int(v): str(c) for v, c in rows}
-        for m in migrations():
-            if done.get(m.version) == m.checksum:
-                continue
-            log.info("applying %s", m.name)
-            conn.execute(m.sql.encode())
-            conn.execute(
-                "INSERT INTO imp.schema_version (version, name, checksum) VALUES (%s, %s, %s)"
-                " ON CONFLICT (version) DO UPDATE SET name = EXCLUDED.name,"
-                " checksum = EXCLUDED.checksum, applied_at = now()",
-                (m.version, m.name, m.checksum))
-            applied.append(m.name)
+            "INSERT INTO imp.schema_version (version, name, checksum) VALUES (%s, %s, %s)"
+            " ON CONFLICT (version) DO UPDATE SET name = EXCLUDED.name,"
+            " checksum = EXCLUDED.checksum, applied_at = now()",
+            (m.version, m.name, m.checksum))
+        applied.append(m.name)
     return applied

@@ -22,12 +22,15 @@ from sketches.sketch import Sketch
 log = logging.getLogger(__name__)
 
 
-def ensure_installed(conn: psycopg.Connection[Any]) -> None:
-    """Installs the ``imp`` schema's migrations if the sketch catalog is missing."""
+def ensure_installed(conn: psycopg.Connection[Any]) -> bool:
+    """Installs the ``imp`` schema's migrations if the sketch catalog is missing; True when it
+    did (inside the caller's transaction, whose rollback takes the schema away again)."""
     row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
                        " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
     if row is None or not row[0]:
         pg_extensions.install(conn)
+        return True
+    return False
 
 
 def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:

@@ -122,6 +122,16 @@ class Classification:
     template: str | None
 
 
+@dataclass(slots=True)
+class _Uncommitted:
+    """What this thread's current transaction wrote to the catalog and the manager cached:
+    undone by :meth:`SketchManager.rolled_back` when the transaction does not commit, so a
+    cache never points at catalog rows (or a schema) a rollback took away."""
+
+    installed: bool = False
+    partitions: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     decision: str  # "use" | "capture" | "passthrough"
@@ -158,6 +168,7 @@ class SketchManager(IncrementalMaintenance):
         self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
+        self._txn = threading.local()
         self._stats: Counter[str] = Counter()
         self._answers = Answers(self.settings.classify_cache_size)
 
@@ -220,18 +231,69 @@ class SketchManager(IncrementalMaintenance):
             path, snapshot = self._setup(conn, search_path)
         if self._conninfo is None:
             self._remember_conninfo(conn)
-        tmpl = self._template(cls.template)
+        try:
+            return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
+                                        cls.template)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation) as exc:
+            if _catalog_gone(exc):
+                self._catalog_lost(exc)
+            raise
+
+    def _prepare_locked(self, conn: psycopg.Connection[Any], sql: str,
+                        params: Sequence[object] | None, search_path: str | None, path: str,
+                        snapshot: str | None, template: str) -> Prepared:
+        tmpl = self._template(template)
+        self._txn.uncommitted = _Uncommitted()
         with tmpl.lock:
             tmpl.seen += 1
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     cls.template, tmpl, path, snapshot, key)
+                                     template, tmpl, path, snapshot, key)
             except CaptureError:
                 self._stats["errors"] += 1
+                self.rolled_back()
                 raise
             except SketchError as exc:
                 return self._passthrough(str(exc))
+            except BaseException:
+                self.rolled_back()
+                raise
+
+    def rolled_back(self) -> None:
+        """The transaction of this thread's last :meth:`prepare` did not commit (it raised,
+        or the caller's COMMIT failed): forget what the manager cached from its catalog
+        writes — the installed schema, partitions saved in it — so the next prepare reads or
+        writes them again instead of failing on rows that are gone."""
+        undo: _Uncommitted | None = getattr(self._txn, "uncommitted", None)
+        self._txn.uncommitted = None
+        if undo is None:
+            return
+        with self._lock:
+            if undo.installed:
+                self._installed = False
+            for key in undo.partitions:
+                self._partitions.pop(key, None)
+
+    def _catalog_lost(self, exc: psycopg.Error) -> None:
+        """Schema ``imp`` (or rows the manager cached from it) went away under a running
+        manager — ``DROP SCHEMA imp CASCADE``, a restore of an older dump: forget everything
+        taken from it, the sketches held included (their audit trail may have a gap), so the
+        next prepare installs the catalog again and captures afresh instead of failing on
+        every query."""
+        log.warning("the sketch catalog no longer matches what the manager holds (%s): "
+                    "forgetting its sketches and partitions", exc.diag.message_primary)
+        with self._lock:
+            self._installed = False
+            self._partitions.clear()
+        self._count("catalog_lost")
+        self._drop_in_memory(loaded=False)
+
+    def _uncommitted(self) -> _Uncommitted:
+        undo: _Uncommitted | None = getattr(self._txn, "uncommitted", None)
+        if undo is None:
+            undo = self._txn.uncommitted = _Uncommitted()
+        return undo
 
     @staticmethod
     def _setup(conn: psycopg.Connection[Any], search_path: str | None) -> tuple[str, str | None]:
@@ -582,6 +644,7 @@ class SketchManager(IncrementalMaintenance):
             partition = build_partition(conn, schema, table, column, self.settings.fragments)
             if self.settings.persist:
                 partition = catalog.save_partition(conn, partition)
+                self._uncommitted().partitions.append(key)
             self._remember_own_xid(conn)  # ANALYZE / ALTER … SET STATISTICS ran here
         with self._lock:
             self._partitions[key] = (partition, nullable)
@@ -591,7 +654,8 @@ class SketchManager(IncrementalMaintenance):
 
     def _ensure_catalog(self, conn: psycopg.Connection[Any]) -> None:
         if not self._installed:
-            catalog.ensure_installed(conn)
+            if catalog.ensure_installed(conn):
+                self._uncommitted().installed = True
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
             with self._lock:
                 self._own_xids |= loaded
@@ -606,7 +670,7 @@ class SketchManager(IncrementalMaintenance):
 
     def _load(self, conn: psycopg.Connection[Any], template: str, tmpl: _Template,
               analysis: QueryAnalysis) -> None:
-        tmpl.loaded = True
+        loaded: list[_Entry] = []
         for stored in catalog.load_sketches(conn, template):
             try:
                 stored_analysis = analyse(stored.query, lookup.resolver(conn))
@@ -630,7 +694,9 @@ class SketchManager(IncrementalMaintenance):
                     entry.sketch = dataclasses.replace(entry.sketch, params=typed)
                 except NotMaintainable as exc:
                     entry.ivm_off = str(exc)
-            tmpl.entries.append(entry)
+            loaded.append(entry)
+        tmpl.entries.extend(loaded)
+        tmpl.loaded = True
 
     def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
         tmpl.entries.remove(entry)
@@ -745,6 +811,17 @@ class SketchManager(IncrementalMaintenance):
                 ivm_state.delete(conn, str(sketch_id))
         return found
 
+    def _drop_in_memory(self, loaded: bool) -> int:
+        """Forgets every sketch held; ``loaded``: whether templates then still read the
+        catalog's sketches (not after a drop, whose catalog rows go too)."""
+        with self._lock:
+            dropped = [(t, e) for t in self._templates.values() for e in t.entries]
+            for t in self._templates.values():
+                t.entries.clear()
+                t.loaded = loaded
+        self._detach_all(dropped)
+        return len(dropped)
+
     def _detach_all(self, dropped: list[tuple[_Template, _Entry]]) -> None:
         """Detaches dropped entries, each under its template's lock: a capture of that
         template may be adding a head to the same pipeline (taken after the manager's lock,
@@ -754,19 +831,20 @@ class SketchManager(IncrementalMaintenance):
                 self.detach(e)
 
     def drop_all(self, conn: psycopg.Connection[Any]) -> int:
-        with self._lock:
-            dropped = [(t, e) for t in self._templates.values() for e in t.entries]
-            for t in self._templates.values():
-                t.entries.clear()
-                t.loaded = True
-        self._detach_all(dropped)
-        count = len(dropped)
+        count = self._drop_in_memory(loaded=True)
         if self.settings.persist:
             self._ensure_catalog(conn)
             count = max(count, catalog.delete_all(conn))
             if incremental.installed(conn):
                 conn.execute("DELETE FROM imp.ivm_state")
         return count
+
+
+def _catalog_gone(exc: psycopg.Error) -> bool:
+    """Is ``exc`` a table of schema imp missing, or a catalog row the manager referred to?"""
+    if isinstance(exc, psycopg.errors.ForeignKeyViolation):
+        return exc.diag.schema_name == "imp"
+    return '"imp.' in (exc.diag.message_primary or "")
 
 
 def _values(inst: TemplateInstance) -> tuple[object, ...]:
