@@ -130,6 +130,7 @@ class _Uncommitted:
 
     installed: bool = False
     partitions: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    captured: list[tuple[_Template, _Entry]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +235,10 @@ class SketchManager(IncrementalMaintenance):
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
                                         cls.template)
-        except (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation) as exc:
-            if _catalog_gone(exc):
+        except BaseException as exc:
+            if isinstance(exc, psycopg.Error) and _catalog_gone(exc):
                 self._catalog_lost(exc)
+            self.rolled_back()
             raise
 
     def _prepare_locked(self, conn: psycopg.Connection[Any], sql: str,
@@ -252,13 +254,9 @@ class SketchManager(IncrementalMaintenance):
                                      template, tmpl, path, snapshot, key)
             except CaptureError:
                 self._stats["errors"] += 1
-                self.rolled_back()
                 raise
             except SketchError as exc:
                 return self._passthrough(str(exc))
-            except BaseException:
-                self.rolled_back()
-                raise
 
     def rolled_back(self) -> None:
         """The transaction of this thread's last :meth:`prepare` did not commit (it raised,
@@ -274,6 +272,11 @@ class SketchManager(IncrementalMaintenance):
                 self._installed = False
             for key in undo.partitions:
                 self._partitions.pop(key, None)
+        for tmpl, entry in undo.captured:  # exact in memory, but its catalog row is gone
+            with tmpl.lock:
+                if entry in tmpl.entries:
+                    tmpl.entries.remove(entry)
+                    self.detach(entry)
 
     def _catalog_lost(self, exc: psycopg.Error) -> None:
         """Schema ``imp`` (or rows the manager cached from it) went away under a running
@@ -407,6 +410,7 @@ class SketchManager(IncrementalMaintenance):
         entry = self._capture(conn, sql, params, template, tmpl, analysis, safety)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         tmpl.entries.insert(0, entry)
+        self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
         return self._finish("capture", sql, entry)
 
@@ -844,7 +848,8 @@ def _catalog_gone(exc: psycopg.Error) -> bool:
     """Is ``exc`` a table of schema imp missing, or a catalog row the manager referred to?"""
     if isinstance(exc, psycopg.errors.ForeignKeyViolation):
         return exc.diag.schema_name == "imp"
-    return '"imp.' in (exc.diag.message_primary or "")
+    return isinstance(exc, psycopg.errors.UndefinedTable) \
+        and '"imp.' in (exc.diag.message_primary or "")
 
 
 def _values(inst: TemplateInstance) -> tuple[object, ...]:

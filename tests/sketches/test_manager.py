@@ -249,3 +249,25 @@ def test_sketch_choice_settings_are_validated(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="own_sketch_after"):
         SketchSettings(**bad)
     SketchSettings(own_sketch_after=0, max_sketches_per_template=1, own_sketch_min_coverage=1.0)
+
+
+def test_a_capture_whose_transaction_rolls_back_is_forgotten(
+        svc: psycopg.Connection[Any]) -> None:
+    """The caller's COMMIT failed (INTERFACES §1: it then calls ``rolled_back()``): the
+    sketch captured there — exact, but its catalog row is gone — is not used again; the
+    next prepare captures a sketch the catalog keeps."""
+    query = "SELECT g, max(id) AS m FROM mt GROUP BY g HAVING count(*) > $1"  # no other test's
+    m = SketchManager(SketchSettings(fragments=100))
+    svc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    lost = m.prepare(svc, query, [120])
+    svc.execute("ROLLBACK")
+    m.rolled_back()
+    assert lost.decision == "capture" and m.sketches() == []
+    again = prepare(m, svc, query, [120])
+    assert again.decision == "capture" and again.sketch_id != lost.sketch_id
+    assert [r["sketch_id"] for r in m.sketches()] == [again.sketch_id]
+    kept = svc.execute("SELECT id FROM imp.sketches WHERE id IN (%s, %s)",
+                       (lost.sketch_id, again.sketch_id)).fetchall()
+    assert kept == [(again.sketch_id,)]
+    used = prepare(m, svc, query, [120])
+    assert used.decision == "use" and used.sketch_id == again.sketch_id
