@@ -18,7 +18,17 @@ CREATE TABLE IF NOT EXISTS imp.tracked_tables (
 -- before, so a table untracked (e.g. its audit table dropped by hand) and tracked again can never
 -- show a state built under the old tracking the epoch it was built under (with a per-row counter
 -- restarting at 0, writes between untrack and re-track were invisible to the epoch check).
-CREATE SEQUENCE IF NOT EXISTS imp.epoch_seq;
+-- It starts at a random point in [2^40, 2^40 + 2^61): schema imp dropped and installed again
+-- restarts the sequence, and from 1 the first table tracked again got the epoch a proxy still
+-- held for it from before the drop — writes made in between, never audited, went unseen.
+DO $$
+BEGIN
+    IF to_regclass('imp.epoch_seq') IS NULL THEN
+        EXECUTE format('CREATE SEQUENCE imp.epoch_seq START WITH %s',
+                       (2::numeric ^ 40 + floor(random() * 2::numeric ^ 61))::bigint);
+    END IF;
+END
+$$;
 
 -- (Re)creates the audit table of a tracked table: same columns, types and collations as T (LIKE),
 -- SELECT granted to exactly the roles holding SELECT on T. Internal; callers hold the row lock.

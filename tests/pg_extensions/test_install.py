@@ -38,3 +38,20 @@ def test_install_in_autocommit_commits_by_itself(db_dsn: str) -> None:
         n = other.execute("SELECT count(*) FROM imp.schema_version").fetchone()
         assert n == (len(pg_extensions.migrations()),)
         assert pg_extensions.install(other) == []
+
+
+def test_a_reinstall_never_repeats_a_tracked_tables_epoch(db_dsn: str) -> None:
+    """Epochs tell a state built under one tracking of a table from any later tracking; a
+    schema dropped and installed again must not hand out the same epochs again."""
+    epochs = []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS re_t (id int)")
+        for _ in range(3):
+            _drop_imp(conn)
+            pg_extensions.install(conn)
+            conn.execute("SELECT imp.track_table('re_t'::regclass)")
+            row = conn.execute("SELECT epoch FROM imp.tracked_tables"
+                               " WHERE relid = 're_t'::regclass").fetchone()
+            assert row is not None
+            epochs.append(int(row[0]))
+    assert len(set(epochs)) == len(epochs), epochs

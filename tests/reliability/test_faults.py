@@ -545,6 +545,31 @@ def test_schema_imp_dropped_under_a_running_proxy(sketch_proxy: ProxyProcess,
     assert _rows(direct, "SELECT count(*) FROM imp.sketches WHERE valid")[0][0] >= len(_queries())
 
 
+def test_schema_imp_reinstalled_by_someone_else_meanwhile(sketch_proxy: ProxyProcess,
+                                                          fresh_db: Any) -> None:
+    """Schema imp dropped, written to without audit, then installed again and ``t`` tracked
+    again by someone else (another proxy, ``imp-proxy install``) before this proxy's next
+    query: its maintained sketches must not take the new audit trail for the old one. (The
+    epoch sequence restarted at 1 on reinstall, and ``t`` got back the epoch the proxy held:
+    answers missed the unaudited writes.)"""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, sketch_proxy.port)
+    for groups in ((7,), (11, 12)):
+        _assert_exact(proxied, direct)
+        _write(direct, groups)
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("DROP SCHEMA imp CASCADE")
+    _write(direct, (30, 31, 32))  # no trigger left to audit these
+    with psycopg.connect(direct, autocommit=True) as c:
+        pg_extensions.install(c)
+        c.execute("SELECT imp.track_table('t'::regclass)")
+    _write(direct, (40,))  # audited again
+    _assert_exact(proxied, direct)
+    _assert_exact(proxied, direct)
+
+
 def test_maintenance_failing_inside_postgres_passes_through(launch: LaunchProxy,
                                                             fresh_db: Any) -> None:
     """Sketches exist and are maintained; then the deltas cannot be read (another session
