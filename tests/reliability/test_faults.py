@@ -518,18 +518,25 @@ def test_a_capture_rolled_back_leaves_nothing_behind(launch: LaunchProxy, fresh_
     _drop_service_role(direct, role)
 
 
+def _maintained_sketches(fresh_db: Any, proxy: ProxyProcess) -> tuple[str, str]:
+    """A database with ``t`` whose sketches ``proxy`` holds, tracked and used after writes;
+    returns (its DSN, the same through the proxy)."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, proxy.port)
+    for groups in ((7,), (11, 12)):
+        _assert_exact(proxied, direct)
+        _write(direct, groups)
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    return direct, proxied
+
+
 def test_schema_imp_dropped_under_a_running_proxy(sketch_proxy: ProxyProcess,
                                                   fresh_db: Any) -> None:
     """``DROP SCHEMA imp CASCADE`` (its audit triggers go with it) while the proxy holds
     maintained sketches, writes before and after: every answer stays exact, and the proxy
     installs the catalog again and captures afresh rather than failing on every query."""
-    direct = fresh_db()
-    _load_table(direct, 50_000)
-    proxied = via_proxy(direct, sketch_proxy.port)
-    for groups in ((7,), (11, 12)):
-        _assert_exact(proxied, direct)
-        _write(direct, groups)
-    _assert_exact(proxied, direct)
+    direct, proxied = _maintained_sketches(fresh_db, sketch_proxy)
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute("DROP SCHEMA imp CASCADE")
     _assert_exact(proxied, direct)
@@ -552,13 +559,7 @@ def test_schema_imp_reinstalled_by_someone_else_meanwhile(sketch_proxy: ProxyPro
     query: its maintained sketches must not take the new audit trail for the old one. (The
     epoch sequence restarted at 1 on reinstall, and ``t`` got back the epoch the proxy held:
     answers missed the unaudited writes.)"""
-    direct = fresh_db()
-    _load_table(direct, 50_000)
-    proxied = via_proxy(direct, sketch_proxy.port)
-    for groups in ((7,), (11, 12)):
-        _assert_exact(proxied, direct)
-        _write(direct, groups)
-    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    direct, proxied = _maintained_sketches(fresh_db, sketch_proxy)
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute("DROP SCHEMA imp CASCADE")
     _write(direct, (30, 31, 32))  # no trigger left to audit these
