@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
+from sketches.lookup import EFFECTIVE_SEARCH_PATH
+
 from . import admin
 from .errors import UpstreamError
 from .protocol import codec
@@ -47,8 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(),"
-                  " current_setting('search_path'), pg_current_snapshot()::text")
+# the search_path as the client's session resolves it (lookup.EFFECTIVE_SEARCH_PATH): its
+# text ("$user", public) names other schemas on the service connection, another role's
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
+                  + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text")
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)

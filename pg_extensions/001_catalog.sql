@@ -41,6 +41,9 @@ CREATE TABLE IF NOT EXISTS imp.sketches (
     created_at    timestamptz NOT NULL DEFAULT now()
 );
 ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS aliases text[];
+-- The oids of every table of the query as it resolved when captured (the same text names other
+-- tables under another search_path); NULL in rows of older versions.
+ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS relations bigint[];
 CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
 
 -- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).

@@ -111,19 +111,22 @@ def load_partition(conn: psycopg.Connection[Any], partition_id: int) -> RangePar
     return _partition_from_row(conn, row) if row else None
 
 
-def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch) -> int:
-    """Inserts ``sketch`` (its partitions must have ids); returns the new sketch id."""
+def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch,
+                relations: Sequence[int] | None = None) -> int:
+    """Inserts ``sketch`` (its partitions must have ids) captured on ``relations`` (the oids
+    of all the query's tables, ``lookup.Relations``); returns the new sketch id."""
     params = None if sketch.params is None else [None if v is None else str(v)
                                                   for v in sketch.params]
     row = conn.execute(
         "INSERT INTO imp.sketches (template, query_text, params, tables, aliases, attributes,"
-        " partition_ids, version, strategy)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s) RETURNING id",
+        " partition_ids, version, strategy, relations)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s, %s) RETURNING id",
         (sketch.template, sketch.query, params,
          [f"{p.schema}.{p.partition.table}" for p in sketch.parts],
          [p.table.alias for p in sketch.parts],
          [p.column for p in sketch.parts], [p.partition.id for p in sketch.parts],
-         sketch.version, sketch.strategy)).fetchone()
+         sketch.version, sketch.strategy,
+         None if relations is None else list(relations))).fetchone()
     assert row is not None
     sketch_id = int(row[0])
     with conn.cursor() as cur:
@@ -153,6 +156,8 @@ class StoredSketch:
     captures: int
     maintenances: int
     uses: int
+    relations: tuple[int, ...] | None = None
+    """The oids of the query's tables when captured (None: a row of an older version)."""
 
 
 def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSketch]:
@@ -161,7 +166,7 @@ def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSk
         "SELECT s.id, s.template, s.query_text, s.params, s.aliases, s.attributes,"
         " s.version::text, s.strategy, s.captures, s.maintenances, s.uses,"
         " array_agg(f.partition_id ORDER BY f.ordinal),"
-        " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal)"
+        " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal), s.relations"
         " FROM imp.sketches s JOIN imp.sketch_fragments f ON f.sketch_id = s.id"
         " WHERE s.template = %s AND s.valid AND s.aliases IS NOT NULL"
         " GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
@@ -178,7 +183,8 @@ def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSk
             frags = tuple(frozenset(int(x) for x in s.split(",") if x) for s in r[12])
             out.append(StoredSketch(
                 int(r[0]), r[1], r[2], None if r[3] is None else tuple(r[3]), tuple(r[4]),
-                tuple(r[5]), tuple(partitions), frags, r[6], r[7], r[8], r[9], r[10]))
+                tuple(r[5]), tuple(partitions), frags, r[6], r[7], r[8], r[9], r[10],
+                None if r[13] is None else tuple(int(x) for x in r[13])))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -57,42 +58,84 @@ def resolve_table(conn: psycopg.Connection[Any], schema: str | None,
     return str(row[0]), str(row[1])
 
 
+EFFECTIVE_SEARCH_PATH = ("array_to_string(ARRAY(SELECT quote_ident(s)"
+                         " FROM unnest(current_schemas(true)) AS s), ', ')")
+"""SQL for the schemas a session's unqualified names resolve through, as a search_path value:
+``$user`` expanded, schemas that do not exist or lack USAGE dropped, the session's temporary
+schema and pg_catalog where they are searched. Set on another session, it resolves the same
+names to the same relations; the setting's own text (``"$user", public``) does not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relations:
+    """What the query's tables are in this snapshot and search_path.
+
+    ``reason``: why the query must pass through (its rows depend on the role, or a table is
+    temporary), else None; ``oids``: each table's relation, in the analysis' order. A sketch
+    is only ever used for a query whose tables are the very relations it was captured on: the
+    same text names other tables under another search_path (another ``$user``, a schema
+    added in front, a temporary table)."""
+
+    reason: str | None
+    oids: tuple[int, ...]
+    names: tuple[tuple[str, str], ...]
+
+
 def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> str | None:
-    """Why the query's result may depend on the role that runs it, or None.
+    """Why the query's result may depend on the role that runs it, or None (see
+    :func:`relations`)."""
+    return relations(conn, analysis).reason
+
+
+def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relations:
+    """The query's tables as this connection resolves them, in one round trip.
 
     Capture runs on the proxy's service connection, as the service role; the client's query
     runs as the client's role. When the two can see different rows — row-level security on a
     table, a view or foreign table (its definition may filter by role), a role-dependent
     function — a sketch captured for one role can miss rows the other needs: such queries pass
     through. (Found by tests/reliability: an RLS-restricted role got 0 groups instead of 1000.)
+    So does a temporary table: it is the client session's own, and another session reading it
+    sees none of its rows.
     """
     m = _ROLE_FUNCTIONS.search(analysis.sql)
     if m:
-        return f"the query uses {m.group(1)}: its result depends on the role"
+        return Relations(f"the query uses {m.group(1)}: its result depends on the role", (), ())
     tables = list(analysis.tables)
     if not tables:
-        return None
+        return Relations(None, (), ())
     query = _relations_query(tuple((t.schema, t.name) for t in tables))
-    for i, relkind, rls in conn.execute(query, prepare=True).fetchall():
+    oids, names = [0] * len(tables), [("", "")] * len(tables)
+    for i, relkind, rls, oid, schema, name, persistence in conn.execute(
+            query, prepare=True).fetchall():
         t = tables[int(i) - 1]
         if relkind in ("v", "f"):
-            return f"{t.name} is a view or foreign table: its rows may depend on the role"
+            return Relations(f"{t.name} is a view or foreign table: its rows may depend on "
+                             "the role", (), ())
         if rls:
-            return f"{t.name} has row-level security: its rows depend on the role"
-    return None
+            return Relations(f"{t.name} has row-level security: its rows depend on the role",
+                             (), ())
+        if persistence == "t":
+            return Relations(f"{t.name} is a temporary table: only the client's session "
+                             "can read its rows", (), ())
+        oids[int(i) - 1], names[int(i) - 1] = int(oid), (str(schema), str(name))
+    return Relations(None, tuple(oids), tuple(names))
 
 
 _RELATIONS = psql.SQL(
-    "SELECT u.i, c.relkind, c.relrowsecurity"
+    "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
+    " c.relpersistence"
     " FROM unnest({}::text[], {}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(CASE WHEN u.s IS NULL"
     " THEN quote_ident(u.n) ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)"
+    " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     " ORDER BY u.i")
 
 
 @lru_cache(maxsize=256)
 def _relations_query(tables: tuple[tuple[str | None, str], ...]) -> str:
-    """Kind and row-level security of each table (schema, name; in one round trip, in order).
+    """Kind, row-level security, oid, resolved name and persistence of each table (schema,
+    name; in one round trip, in order).
 
     Why literals, not parameters: the check runs again after every commit (its cache is per
     snapshot), and a prepared statement without parameters keeps one generic plan, where

@@ -70,6 +70,8 @@ class Entry:
     last_maintained: float = field(default_factory=time.monotonic)
     reusable_for: dict[int, tuple[Any, bool]] = field(default_factory=dict)
     """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
+    relations: tuple[int, ...] = ()
+    """The oids of the query's tables the sketch was captured on (``lookup.Relations``)."""
 
 
 @dataclass
@@ -383,7 +385,8 @@ class IncrementalMaintenance:
     def _share(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
                pipeline: Pipeline) -> tuple[frozenset[int], ...] | None:
         """Gives ``entry`` (a capture, or a sketch without a pipeline yet) a head on the
-        pipeline of a sketch of its template that differs only in HAVING, or only in the k of
+        pipeline of a sketch of its template on the same relations (the same text names other
+        tables under another search_path) that differs only in HAVING, or only in the k of
         a top-k over groups (``Pipeline.shares_with``), brought to this
         snapshot: one aggregation maintained for both, and no build of a state. Returns the
         head's sketch, None when no pipeline can be shared (then ``pipeline``, compiled for
@@ -392,7 +395,8 @@ class IncrementalMaintenance:
             return None
         for other in tmpl.entries:
             shared = other.pipeline
-            if shared is None or not shared.shares_with(pipeline.spec) \
+            if shared is None or other.relations != entry.relations \
+                    or not shared.shares_with(pipeline.spec) \
                     or self.strategy_of(other) not in ("lazy", "eager"):
                 continue
             if not isinstance(self._maintain(conn, other), Sketch):

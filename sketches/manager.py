@@ -56,7 +56,7 @@ from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, Recapt
 from sketches.ranges import RangePartition, build_partition, column_info
 from sketches.safety import Safety, check
 from sketches.sketch import Sketch, SketchPart
-from sketches.sql import QueryAnalysis, analyse, fingerprint
+from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.template import TemplateInstance, instance, reusable
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class SketchManager(IncrementalMaintenance):
             OrderedDict()
         self._templates: dict[str, _Template] = {}
         self._instances: OrderedDict[tuple[object, ...], TemplateInstance] = OrderedDict()
-        self._role_checked: OrderedDict[tuple[str, str], tuple[str, str | None]] = \
+        self._role_checked: OrderedDict[tuple[str, str], tuple[str, lookup.Relations]] = \
             OrderedDict()
         self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
         self._own_xids: set[int] = set()
@@ -308,7 +308,7 @@ class SketchManager(IncrementalMaintenance):
             row = conn.execute(_SETUP_SQL.format(
                 "set_config('search_path', %s, true)"), (search_path,)).fetchone()
         else:
-            row = conn.execute(_SETUP_SQL.format("current_setting('search_path')")).fetchone()
+            row = conn.execute(_SETUP_SQL.format(lookup.EFFECTIVE_SEARCH_PATH)).fetchone()
         assert row is not None
         snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
@@ -374,17 +374,17 @@ class SketchManager(IncrementalMaintenance):
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
-        role_reason = self._role_dependent(conn, analysis, search_path, snapshot)
-        if role_reason is not None:
-            return self._passthrough(role_reason)
+        relations = self._relations(conn, analysis, search_path, snapshot)
+        if relations.reason is not None:
+            return self._passthrough(relations.reason)
         if self.settings.persist:
             self._ensure_catalog(conn)
             if not tmpl.loaded:
-                self._load(conn, template, tmpl, analysis)
+                self._load(conn, template, tmpl, relations)
         inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         runs = tmpl.note_values(_values(inst))
-        for entry in self._candidates(tmpl, inst):
+        for entry in self._candidates(tmpl, inst, relations.oids):
             if not _same_values(entry.instance, inst):
                 if not self._useful(entry.sketch):
                     continue  # a broad sketch of a looser query: a fresh capture may skip more
@@ -407,31 +407,33 @@ class SketchManager(IncrementalMaintenance):
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")
-        entry = self._capture(conn, sql, params, template, tmpl, analysis, safety)
+        entry = self._capture(conn, sql, params, template, tmpl, analysis, safety,
+                              relations.oids)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         tmpl.entries.insert(0, entry)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
         return self._finish("capture", sql, entry)
 
-    def _role_dependent(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
-                        search_path: str | None, snapshot: str | None) -> str | None:
-        """``lookup.role_dependent``, reused while the snapshot stays the same: the same
-        snapshot means no transaction committed in between, so no DDL (row-level security,
-        a table replaced by a view) either — the catalog reads the same."""
+    def _relations(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                   search_path: str | None, snapshot: str | None) -> lookup.Relations:
+        """``lookup.relations``, reused while the snapshot stays the same: the same snapshot
+        means no transaction committed in between, so no DDL (row-level security, a table
+        replaced by a view, a table created in front on the search_path) either — the
+        catalog reads the same."""
         if snapshot is None or search_path is None:
-            return lookup.role_dependent(conn, analysis)
+            return lookup.relations(conn, analysis)
         key = (analysis.sql, search_path)
         with self._lock:
             hit = self._role_checked.get(key)
         if hit is not None and hit[0] == snapshot:
             return hit[1]
-        verdict = lookup.role_dependent(conn, analysis)
+        found = lookup.relations(conn, analysis)
         with self._lock:
-            self._role_checked[key] = (snapshot, verdict)
+            self._role_checked[key] = (snapshot, found)
             while len(self._role_checked) > self.settings.classify_cache_size:
                 self._role_checked.popitem(last=False)
-        return verdict
+        return found
 
     def _instance(self, sql: str, params: tuple[object, ...] | None) -> TemplateInstance:
         """``instance(sql, params)``, cached by text and typed parameter values (parsing and
@@ -451,12 +453,15 @@ class SketchManager(IncrementalMaintenance):
                 self._instances.popitem(last=False)
         return inst
 
-    def _candidates(self, tmpl: _Template, inst: TemplateInstance) -> list[_Entry]:
-        """The template's sketches that may serve ``inst``, best first: one captured for the
+    def _candidates(self, tmpl: _Template, inst: TemplateInstance,
+                    relations: tuple[int, ...]) -> list[_Entry]:
+        """The template's sketches that may serve ``inst`` on these ``relations`` (the same
+        text names other tables under another search_path), best first: one captured for the
         same values, then the others by the fraction of fragments they select (the fewer,
         the less the instrumented query reads). Why not the newest: a looser instance's
         sketch, captured later, would otherwise serve every stricter one."""
-        usable = [e for e in tmpl.entries if self._reusable(e, inst)]
+        usable = [e for e in tmpl.entries
+                  if e.relations == relations and self._reusable(e, inst)]
         return sorted(usable, key=lambda e: (not _same_values(e.instance, inst),
                                              sum(p.coverage for p in e.sketch.parts)))
 
@@ -490,7 +495,7 @@ class SketchManager(IncrementalMaintenance):
         """Analysis with the catalog, cached by (text, search_path); ``search_path``: the
         one in force on conn (read when None)."""
         if search_path is None:
-            row = conn.execute("SELECT current_setting('search_path')").fetchone()
+            row = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH).fetchone()
             search_path = str(row[0]) if row else ""
         key = (sql, search_path)
         with self._lock:
@@ -529,13 +534,16 @@ class SketchManager(IncrementalMaintenance):
 
     def _capture(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str, tmpl: _Template,
-                 analysis: QueryAnalysis, safety: Safety) -> _Entry:
-        """A new sketch: with incremental state when the tables are tracked in this snapshot
-        (shared with a sketch of ``tmpl``, whose lock the caller holds, where possible), else
-        captured plainly (and the tables queued for tracking)."""
+                 analysis: QueryAnalysis, safety: Safety,
+                 relations: tuple[int, ...]) -> _Entry:
+        """A new sketch on ``relations``: with incremental state when the tables are tracked
+        in this snapshot (shared with a sketch of ``tmpl`` on the same relations, whose lock
+        the caller holds, where possible), else captured plainly (and the tables queued for
+        tracking)."""
         targets = self._targets(conn, analysis, safety)
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
-                       analysis=analysis, session=incremental.SessionSettings.read(conn))
+                       analysis=analysis, session=incremental.SessionSettings.read(conn),
+                       relations=relations)
         pipeline = None
         if not self._custom and self.settings.strategy != "recapture":
             sketch_targets = [SketchTarget(t.table.index, t.column, t.partition)
@@ -584,7 +592,7 @@ class SketchManager(IncrementalMaintenance):
             parts, version = result.parts, result.version
         self._seconds["capture_seconds"] += time.perf_counter() - started
         entry.sketch = self._store(conn, Sketch(None, template, sql, params, parts, version,
-                                                self.strategy_of(entry)))
+                                                self.strategy_of(entry)), relations)
         if entry.pipeline is not None:
             self._save_state(conn, entry)
             self._ensure_background()  # eager batches, state persistence, GC
@@ -606,9 +614,10 @@ class SketchManager(IncrementalMaintenance):
             f"{[sorted(p.fragments) for p in exact.parts]} for {sql[:200]!r}"))
         return None
 
-    def _store(self, conn: psycopg.Connection[Any], sketch: Sketch) -> Sketch:
+    def _store(self, conn: psycopg.Connection[Any], sketch: Sketch,
+               relations: tuple[int, ...]) -> Sketch:
         if self.settings.persist:
-            sketch = sketch.with_id(catalog.save_sketch(conn, sketch))
+            sketch = sketch.with_id(catalog.save_sketch(conn, sketch, relations))
             self._remember_own_xid(conn)
         else:
             with self._lock:
@@ -673,7 +682,9 @@ class SketchManager(IncrementalMaintenance):
             self._own_xids.add(xid)
 
     def _load(self, conn: psycopg.Connection[Any], template: str, tmpl: _Template,
-              analysis: QueryAnalysis) -> None:
+              relations: lookup.Relations) -> None:
+        """The catalog's sketches of ``template`` that were captured on ``relations``; the
+        others are left to be captured again."""
         loaded: list[_Entry] = []
         for stored in catalog.load_sketches(conn, template):
             try:
@@ -681,7 +692,8 @@ class SketchManager(IncrementalMaintenance):
             except UnsupportedQuery:
                 continue
             by_alias = {t.alias: t for t in stored_analysis.tables}
-            if any(a not in by_alias for a in stored.aliases):
+            if any(a not in by_alias for a in stored.aliases) \
+                    or not _captured_on(stored, by_alias, relations):
                 continue
             parts = tuple(
                 SketchPart(by_alias[a], p.schema, c, p, f)
@@ -698,6 +710,7 @@ class SketchManager(IncrementalMaintenance):
                     entry.sketch = dataclasses.replace(entry.sketch, params=typed)
                 except NotMaintainable as exc:
                     entry.ivm_off = str(exc)
+            entry.relations = relations.oids
             loaded.append(entry)
         tmpl.entries.extend(loaded)
         tmpl.loaded = True
@@ -842,6 +855,17 @@ class SketchManager(IncrementalMaintenance):
             if incremental.installed(conn):
                 conn.execute("DELETE FROM imp.ivm_state")
         return count
+
+
+def _captured_on(stored: catalog.StoredSketch, by_alias: dict[str, TableRef],
+                 relations: lookup.Relations) -> bool:
+    """Was ``stored`` captured on ``relations``? A row of an older version keeps only its
+    sketched tables' names: then every table of the query must be one of them."""
+    if stored.relations is not None:
+        return stored.relations == relations.oids
+    return len(set(stored.aliases)) == len(relations.oids) and all(
+        relations.names[by_alias[a].index] == (p.schema, p.table)
+        for a, p in zip(stored.aliases, stored.partitions, strict=True))
 
 
 def _catalog_gone(exc: psycopg.Error) -> bool:

@@ -276,6 +276,67 @@ def test_role_dependent_rows_never_share_a_sketch(sec_db: str, sketch_proxy: Pro
             c.execute("ALTER TABLE t DISABLE ROW LEVEL SECURITY")
 
 
+def _name_db(fresh_db: Any) -> tuple[str, str]:
+    """A database where ``t`` names different tables: public.t, and with other data in
+    schema ``{role}`` (its owner's ``$user`` schema) and ``other``; returns (dsn, role)."""
+    dsn = str(fresh_db())
+    role = f"named_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        for schema, mul in (("public", 1), (role, 7), ("other", 11)):
+            if schema != "public":
+                c.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {role}")
+            c.execute(f"CREATE TABLE {schema}.t (g int NOT NULL, v int NOT NULL)")
+            c.execute(f"INSERT INTO {schema}.t SELECT (i * %s) %% 1000, i"
+                      " FROM generate_series(1, 100000) i", (mul,))
+            c.execute(f"ANALYZE {schema}.t")
+            c.execute(f"GRANT SELECT ON {schema}.t TO {role}")
+    return dsn, role
+
+
+NAMED = ["SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g",
+         "SELECT g, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"]
+
+
+def _same_as_direct(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any],
+                    label: str) -> None:
+    for q in NAMED:
+        for _ in range(2):  # capture (or use), then use
+            got, want = proxied.execute(q).fetchall(), direct.execute(q).fetchall()
+            assert got == want, f"{label}: {q}: {got[:3]} != {want[:3]}"
+
+
+@pytest.mark.parametrize("how", ["$user", "temporary table", "SET search_path"])
+def test_a_name_that_resolves_elsewhere_never_shares_a_sketch(
+        fresh_db: Any, sketch_proxy: ProxyProcess, how: str) -> None:
+    """The same query text reads another table when its name resolves elsewhere: a role's
+    own ``$user`` schema, a temporary table of the session, a search_path changed in the
+    session. The capture runs on the service connection, which must resolve it the same way,
+    and a sketch of one table must never serve the other. (Found: the service connection
+    expanded ``$user`` to its own role and read public.t, could not see the temporary
+    table's rows, and the template's sketches of public.t were used for other.t — wrong
+    answers in all three.)"""
+    dsn, role = _name_db(fresh_db)
+    with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+            psycopg.connect(dsn, autocommit=True) as d:
+        _same_as_direct(p, d, "public.t first")
+    user = role if how == "$user" else "postgres"
+    with psycopg.connect(via_proxy(dsn, sketch_proxy.port, user=user), autocommit=True) as p, \
+            psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=user),
+                            autocommit=True) as d:
+        for c in (p, d):
+            if how == "temporary table":
+                c.execute("CREATE TEMP TABLE t AS SELECT (i * 13) % 1000 AS g, i AS v"
+                          " FROM generate_series(1, 50000) i")
+            elif how == "SET search_path":
+                c.execute("SET search_path = other, public")
+        _same_as_direct(p, d, how)
+    with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+            psycopg.connect(dsn, autocommit=True) as d:
+        _same_as_direct(p, d, "public.t again")
+        assert int(stats(p)["proxy.used"]) > 0
+
+
 def test_databases_never_share_sketches(fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """Same table name and query text in two databases, different data: each answer exact,
     and IMP SHOW SKETCHES in one database lists none of the other's."""

@@ -76,3 +76,26 @@ def test_role_dependent_follows_the_catalog_and_search_path_as_they_change(
         conn.execute('DROP TABLE lk."Größe ""x"""')
         conn.execute("DROP VIEW IF EXISTS lk.lk2_plain")
         conn.execute("DROP TABLE lk2_plain")
+
+
+def test_relations_name_the_tables_the_session_resolves(conn: psycopg.Connection[Any]) -> None:
+    """Each table's oid and schema as this session resolves it — another schema first on the
+    path gives another oid; a temporary table of the session is refused, because another
+    session (the proxy's service connection) cannot read its rows."""
+    query = analyse("SELECT g, sum(v) FROM plain GROUP BY g HAVING sum(v) > 3", lenient=True)
+    conn.execute("CREATE TABLE public.plain (id int, g int, v int)")
+    try:
+        on_public = lookup.relations(conn, query)
+        assert on_public.reason is None and on_public.names == (("public", "plain"),)
+        conn.execute("SET search_path = lk, public")
+        on_lk = lookup.relations(conn, query)
+        assert on_lk.names == (("lk", "plain"),) and on_lk.oids != on_public.oids
+        conn.execute("CREATE TEMP TABLE plain (id int, g int, v int)")
+        temp = lookup.relations(conn, query)
+        assert temp.reason is not None and "temporary table" in temp.reason
+        path = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH).fetchone()
+        assert path is not None and path[0].startswith("pg_temp_")
+    finally:
+        conn.execute("DROP TABLE IF EXISTS pg_temp.plain")
+        conn.execute("RESET search_path")
+        conn.execute("DROP TABLE public.plain")
