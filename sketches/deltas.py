@@ -94,6 +94,9 @@ class TableInfo:
     relid: int
     audit_table: str
     epoch: int
+    children: bool = False
+    """The table has inheritance children or partitions, whose own writes its triggers never
+    see (the probe's answer; other readers leave it False)."""
 
 
 def require_snapshot(conn: psycopg.Connection[Any]) -> str:
@@ -144,7 +147,9 @@ _PROBE = sql.SQL(
     "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint,"
     " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
-    "  WHERE c.oid = t.audit_table), t.epoch, {visible}"
+    "  WHERE c.oid = t.audit_table), t.epoch,"
+    " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = t.relid),"
+    " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
     " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid) AS s"
@@ -188,7 +193,7 @@ def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) ->
     snap, iso, has_xid = rows[0][:3]
     if iso not in ("repeatable read", "serializable"):
         raise SnapshotRequired(f"isolation level {iso!r}: needs REPEATABLE READ")
-    tables = {int(r[3]): TableInfo(int(r[3]), str(r[4]), int(r[5]))
+    tables = {int(r[3]): TableInfo(int(r[3]), str(r[4]), int(r[5]), bool(r[6]))
               for r in rows if r[3] is not None}
     return Probe(str(snap), bool(has_xid), tables)
 

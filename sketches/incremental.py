@@ -75,6 +75,7 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     for what the engine refuses and for float ``sum``/``avg`` arguments."""
     pipeline = compile(analysis, targets, params)
     spec = pipeline.spec
+    _refuse_inheritance(conn, [t.relation for t in spec.tables])
     args = [a for f, a in zip(spec.aggs, spec.agg_sql, strict=True)
             if f.func in ("sum", "avg") and a is not None]
     if args:
@@ -90,6 +91,20 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
             raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
                                   "float sum can drift from PostgreSQL's")
     return pipeline
+
+
+def _refuse_inheritance(conn: Conn, relations: Sequence[str]) -> None:
+    """Raises :class:`NotMaintainable` when a table has inheritance children or partitions:
+    a query of the parent reads their rows, but writes made to them directly fire only their
+    own triggers, never the parent's audit (wrong answers, found by testing)."""
+    row = conn.execute(
+        "SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', ')"
+        " FROM unnest(%s::text[]) AS r(name)"
+        " JOIN pg_catalog.pg_inherits AS h ON h.inhparent = to_regclass(r.name)",
+        (list(relations),)).fetchone()
+    if row is not None and row[0] is not None:
+        raise NotMaintainable(f"{row[0]} has inheritance children or partitions: writes to "
+                              "them bypass its audit triggers")
 
 
 def typed_params(conn: Conn, query: str,

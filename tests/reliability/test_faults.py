@@ -410,6 +410,42 @@ def test_writes_that_bypass_triggers_still_reach_the_audit(sketch_proxy: ProxyPr
     assert states and all(st == ("A",) for st in states), states
 
 
+@pytest.mark.parametrize("family", ["inherits", "partitions", "child added later"])
+def test_writes_to_a_child_table_reach_the_parents_sketches(sketch_proxy: ProxyProcess,
+                                                           fresh_db: Any, family: str) -> None:
+    """A query of a parent table reads its inheritance children and partitions, but a write
+    made to a child directly fires only the child's triggers, never the parent's audit: such
+    a parent is not maintained incrementally (it recaptures on change), also when the child
+    comes after its sketches. (Found: the maintained sketches missed the child's writes.)"""
+    direct = fresh_db()
+    queries = [q.replace(" FROM t ", " FROM p ") for q in _queries()]
+    with psycopg.connect(direct, autocommit=True) as c:
+        if family == "partitions":
+            c.execute("CREATE TABLE p (g int NOT NULL, v int NOT NULL) PARTITION BY RANGE (g)")
+            c.execute("CREATE TABLE p_lo PARTITION OF p FOR VALUES FROM (0) TO (500)")
+            c.execute("CREATE TABLE c1 PARTITION OF p FOR VALUES FROM (500) TO (100000)")
+        else:
+            c.execute("CREATE TABLE p (g int NOT NULL, v int NOT NULL)")
+            if family == "inherits":
+                c.execute("CREATE TABLE c1 () INHERITS (p)")
+        c.execute("INSERT INTO p SELECT i % 1000, i FROM generate_series(1, 50000) i")
+        c.execute("ANALYZE p")
+    proxied = via_proxy(direct, sketch_proxy.port)
+    for g in (600, 601, 602):  # captured, tracked, maintained (where it may be)
+        _assert_exact(proxied, direct, queries)
+        with psycopg.connect(direct, autocommit=True) as c:
+            c.execute("UPDATE p SET v = v + 1 WHERE g = %s", (g,))
+    if family == "child added later":
+        with psycopg.connect(direct, autocommit=True) as c:
+            c.execute("CREATE TABLE c1 () INHERITS (p)")
+        _assert_exact(proxied, direct, queries)
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("INSERT INTO c1 SELECT 777, 900000 FROM generate_series(1, 10)")
+        c.execute("UPDATE c1 SET v = v + 200000 WHERE g = 888")
+    _assert_exact(proxied, direct, queries)
+    _assert_exact(proxied, direct, queries)
+
+
 # ---------------------------------------------------------------- capture failing in PostgreSQL
 
 @pytest.mark.parametrize("failure", ["statement_timeout", "lock_timeout"])
