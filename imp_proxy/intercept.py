@@ -42,7 +42,7 @@ from .protocol.messages import (
     Execute,
     Parse,
 )
-from .router import PrepareOutcome, ServiceError
+from .router import EVALUATION_SETTINGS, PrepareOutcome, ServiceError
 
 if TYPE_CHECKING:
     from .session import Session
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 # the search_path as the client's session resolves it (lookup.EFFECTIVE_SEARCH_PATH): its
 # text ("$user", public) names other schemas on the service connection, another role's
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
-                  + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text")
+                  + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
+                  + "".join(f", current_setting('{n}')" for n in EVALUATION_SETTINGS))
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
@@ -207,6 +208,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
     text = rows[0].values[2]
     snapshot_text = text.decode() if text is not None else None
+    settings = tuple((v or b"").decode() for v in rows[0].values[3:3 + len(EVALUATION_SETTINGS)])
     params: list[object] | None = None
     if bind is not None:
         described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
@@ -217,7 +219,8 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
             raise Fallback("a parameter cannot be decoded")
     try:
         outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
-                                         explain=explain, snapshot_text=snapshot_text)
+                                         explain=explain, snapshot_text=snapshot_text,
+                                         settings=settings)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)

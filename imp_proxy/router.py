@@ -94,6 +94,20 @@ class PrepareOutcome:
     would run, and why)."""
 
 
+EVALUATION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle")
+"""Settings that change what a query's constants mean (``'2020-01-01'`` as a timestamptz, a
+date's field order, an interval's text); PostgreSQL reports each (ParameterStatus), so a
+service connection knows its own without a query."""
+
+
+def _settings_differ(client: tuple[str, ...], service: tuple[str, ...]) -> PrepareOutcome:
+    diff = ", ".join(f"{n} {c!r} (service connection: {v!r})"
+                     for n, c, v in zip(EVALUATION_SETTINGS, client, service, strict=True)
+                     if c != v)
+    return PrepareOutcome("passthrough", f"the session's {diff}: a sketch captured under the "
+                          "service connection's settings need not hold", None, None)
+
+
 class PerDatabase:
     """One hook instance per database, behind the ``SketchHook`` interface.
 
@@ -235,6 +249,7 @@ class Router:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._service_down: dict[str, float] = {}
+        self._service_settings: dict[str, tuple[str, ...]] = {}
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
             "answered_in_memory": 0, "passthrough": 0, "fallbacks": 0, "admin_commands": 0,
@@ -279,11 +294,18 @@ class Router:
 
     async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                       params: Sequence[object] | None, explain: bool = False,
-                      snapshot_text: str | None = None) -> PrepareOutcome:
+                      snapshot_text: str | None = None,
+                      settings: tuple[str, ...] | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
-        hook where a capture would run (``IMP EXPLAIN``)."""
+        hook where a capture would run (``IMP EXPLAIN``). ``settings``: the client session's
+        ``EVALUATION_SETTINGS``; when they differ from the service connections', the query
+        passes through (a sketch captured or kept under the one need not hold under the
+        other: ``'2020-01-01'`` is another instant in another TimeZone)."""
+        known = self._service_settings.get(dbname)
+        if settings is not None and known is not None and known != settings:
+            return _settings_differ(settings, known)
         cached = getattr(self._hook_for(dbname), "prepare_cached", None)
         if cached is None or search_path is None:
             snapshot_text = None  # a hook without it reads the snapshot itself
@@ -294,11 +316,12 @@ class Router:
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
-                                       sql, params, explain, snapshot_text)
+                                       sql, params, explain, snapshot_text, settings)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
-                          snapshot_text: str | None = None) -> PrepareOutcome:
+                          snapshot_text: str | None = None,
+                          settings: tuple[str, ...] | None = None) -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
         imported, instead of reading it."""
@@ -306,6 +329,10 @@ class Router:
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
         with self._service(dbname) as conn:
+            own = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
+            self._service_settings[dbname] = own
+            if settings is not None and settings != own:
+                return _settings_differ(settings, own)
             # one round trip (a simple Query of several statements: no parameters)
             setup = [pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
                      pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot))]

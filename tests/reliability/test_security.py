@@ -337,6 +337,34 @@ def test_a_name_that_resolves_elsewhere_never_shares_a_sketch(
         assert int(stats(p)["proxy.used"]) > 0
 
 
+def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """``'2020-01-01 00:00'`` is another instant in another TimeZone: a session whose
+    TimeZone (DateStyle, IntervalStyle) differs from the service connection's passes through;
+    sessions with its settings keep using sketches. (Found: a sketch captured under the
+    server's TimeZone answered an America/Los_Angeles session with 12 groups instead of 20.)"""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE e (g int NOT NULL, ts timestamptz NOT NULL)")
+        c.execute("INSERT INTO e SELECT extract(hour FROM t AT TIME ZONE 'UTC')::int, t"
+                  " FROM generate_series(timestamptz '2019-12-31 12:00+00',"
+                  " timestamptz '2020-01-01 11:59+00', interval '1 minute') AS t")
+        c.execute("ANALYZE e")
+    q = ("SELECT g, count(*) FROM e WHERE ts < '2020-01-01 00:00' GROUP BY g"
+         " HAVING count(*) > 0 ORDER BY g")
+    for tz in (None, "America/Los_Angeles", "Asia/Tokyo", None):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            for c in (p, d):
+                if tz is not None:
+                    c.execute(sql.SQL("SET TimeZone = {}").format(sql.Literal(tz)))
+            for _ in range(2):
+                got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
+                assert got == want, f"{tz}: {len(got)} groups instead of {len(want)}"
+            if tz is None:
+                assert int(stats(p)["proxy.used"]) > 0
+
+
 def test_databases_never_share_sketches(fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """Same table name and query text in two databases, different data: each answer exact,
     and IMP SHOW SKETCHES in one database lists none of the other's."""
