@@ -339,17 +339,20 @@ class Router:
             if search_path is not None:
                 setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
                     pgsql.Literal(search_path)))
+            prepared = False
             try:
                 conn.execute(pgsql.SQL("; ").join(setup))
                 p = hook.prepare(conn, sql, params, search_path,
                                  **({} if snapshot_text is None else {"snapshot": snapshot_text}))
+                prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # keep the original error
                     conn.execute("ROLLBACK")
+                # a prepare that raised undid its own caches; one that returned did not know
                 rolled_back = getattr(self._hook_for(dbname), "rolled_back", None)
-                if rolled_back is not None:  # the hook's caches of what it wrote there
+                if prepared and rolled_back is not None:
                     rolled_back()
                 raise
         return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql,

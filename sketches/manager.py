@@ -261,8 +261,8 @@ class SketchManager(IncrementalMaintenance):
     def rolled_back(self) -> None:
         """The transaction of this thread's last :meth:`prepare` did not commit (it raised,
         or the caller's COMMIT failed): forget what the manager cached from its catalog
-        writes — the installed schema, partitions saved in it — so the next prepare reads or
-        writes them again instead of failing on rows that are gone."""
+        writes — the installed schema, partitions saved and sketches captured in it — so the
+        next prepare reads or writes them again instead of failing on rows that are gone."""
         undo: _Uncommitted | None = getattr(self._txn, "uncommitted", None)
         self._txn.uncommitted = None
         if undo is None:
