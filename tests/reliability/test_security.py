@@ -358,9 +358,13 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
             for c in (p, d):
                 if tz is not None:
                     c.execute(sql.SQL("SET TimeZone = {}").format(sql.Literal(tz)))
-            for _ in range(2):
+            # capture, then use (a sketch captured before its table was tracked is
+            # recaptured after a commit in between: up to 8 rounds in the server's TimeZone)
+            for n in range(1, 9):
                 got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
                 assert got == want, f"{tz}: {len(got)} groups instead of {len(want)}"
+                if n >= 2 and (tz is not None or int(stats(p)["proxy.used"]) > 0):
+                    break
             if tz is None:
                 assert int(stats(p)["proxy.used"]) > 0
 
