@@ -104,10 +104,15 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
     tables = list(analysis.tables)
     if not tables:
         return Relations(None, (), ())
-    query = _relations_query(tuple((t.schema, t.name) for t in tables))
+    query = _relations_query(tuple((t.schema, t.name) for t in tables),
+                             tuple(sorted(analysis.routines | GENERATED_ROUTINES)),
+                             tuple(sorted(analysis.operators | GENERATED_OPERATORS)))
     oids, names = [0] * len(tables), [("", "")] * len(tables)
-    for i, relkind, rls, oid, schema, name, persistence in conn.execute(
+    for i, relkind, rls, oid, schema, name, persistence, shadowing in conn.execute(
             query, prepare=True).fetchall():
+        if shadowing is not None:
+            return Relations(f"{shadowing}: a function or operator the query (or the proxy's "
+                             "own SQL) uses may not be PostgreSQL's built-in one", (), ())
         t = tables[int(i) - 1]
         if relkind in ("v", "f"):
             return Relations(f"{t.name} is a view or foreign table: its rows may depend on "
@@ -122,9 +127,43 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
     return Relations(None, tuple(oids), tuple(names))
 
 
+GENERATED_ROUTINES = frozenset({
+    "count", "sum", "min", "max", "avg", "array_agg", "bool_or", "string_agg", "width_bucket",
+    "unnest", "row_number", "generate_series", "percentile_disc", "format", "quote_ident",
+    "to_regclass", "set_config", "current_setting", "current_schemas", "array_to_string",
+    "pg_current_snapshot", "pg_snapshot_xmin", "pg_visible_in_snapshot",
+    "pg_current_xact_id_if_assigned",
+})
+"""Functions the library's own SQL calls unqualified (captures, delta reads, instrumented
+queries), in the client's search_path."""
+GENERATED_OPERATORS = frozenset({"=", "<>", "<", "<=", ">", ">=", "+", "-", "*"})
+"""Operators the library's own SQL uses."""
+
+_SHADOWING = psql.SQL(
+    "(SELECT CASE WHEN (SELECT p.s FROM unnest(current_schemas(true)) WITH ORDINALITY AS p(s, i)"
+    "  WHERE p.s NOT LIKE 'pg\\_temp\\_%' ORDER BY p.i LIMIT 1) IS DISTINCT FROM 'pg_catalog'"
+    " THEN 'a schema precedes pg_catalog on the search_path'"
+    " ELSE (SELECT format('%s %I.%s', u.kind, u.nsp, u.name) FROM ("
+    "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name"
+    "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
+    "  WHERE f.proname = ANY({routines}::text[])"
+    "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text"
+    "  FROM pg_catalog.pg_operator AS o"
+    "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
+    "  WHERE o.oprname = ANY({operators}::text[]) AND o.oprleft < 16384 AND o.oprright < 16384"
+    " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1) END)")
+"""A reason when the session's search_path can resolve a name of ``routines`` (functions and
+aggregates) or ``operators`` to one not in pg_catalog, else NULL: a schema other than the
+session's temporary one precedes pg_catalog (any same-signature function, aggregate, operator
+or type there wins), or a schema on the path defines a function of such a name (it wins where
+its argument types match better than pg_catalog's) or an operator of such a name between
+built-in types (16384: PostgreSQL's first user object id). Why: the incremental engine and the
+answers from memory compute the built-in ones, and one sketch serves every session whose names
+resolve to the same tables. Operators on an extension's types (citext) are not checked."""
+
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
-    " c.relpersistence"
+    " c.relpersistence, {shadowing}"
     " FROM unnest({}::text[], {}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(CASE WHEN u.s IS NULL"
     " THEN quote_ident(u.n) ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)"
@@ -133,7 +172,8 @@ _RELATIONS = psql.SQL(
 
 
 @lru_cache(maxsize=256)
-def _relations_query(tables: tuple[tuple[str | None, str], ...]) -> str:
+def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple[str, ...],
+                     operators: tuple[str, ...]) -> str:
     """Kind, row-level security, oid, resolved name and persistence of each table (schema,
     name; in one round trip, in order).
 
@@ -143,7 +183,9 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...]) -> str:
     not bytes: psycopg encodes it in the connection's encoding (names may be non-ASCII)."""
     schemas = psql.Literal([s for s, _n in tables])
     names = psql.Literal([n for _s, n in tables])
-    return _RELATIONS.format(schemas, names).as_string(None)
+    shadowing = _SHADOWING.format(routines=psql.Literal(list(routines)),
+                                  operators=psql.Literal(list(operators)))
+    return _RELATIONS.format(schemas, names, shadowing=shadowing).as_string(None)
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,

@@ -55,6 +55,11 @@ from sketches.sql.model import (
 )
 from sketches.sql.parse import parse_select, to_sql
 
+_BETWEEN_KINDS = frozenset({
+    A_Expr_Kind.AEXPR_BETWEEN, A_Expr_Kind.AEXPR_NOT_BETWEEN, A_Expr_Kind.AEXPR_BETWEEN_SYM,
+    A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM,
+})
+
 ColumnResolver = Callable[[str | None, str], Sequence[str] | None]
 """``(schema as written or None, table) -> its column names``, or None if no such table."""
 
@@ -101,6 +106,8 @@ class _Analyser:
         self.where: list[Expression] = []
         self.aggregates: dict[str, AggregateCall] = {}
         self.params: set[int] = set()
+        self.routines: set[str] = set()
+        self.operators: set[str] = set()
         self.column_cache: dict[int, frozenset[str] | None] = {}
         self.resolved = True
 
@@ -124,7 +131,8 @@ class _Analyser:
             join_equalities=tuple(self.equalities), where=tuple(self.where),
             group_by=group_by, aggregates=tuple(self.aggregates.values()), having=having,
             order_by=order_by, limit=self._limit(stmt), distinct=bool(stmt.distinctClause),
-            select=select, params=tuple(sorted(self.params)), resolved=self.resolved)
+            select=select, params=tuple(sorted(self.params)), resolved=self.resolved,
+            routines=frozenset(self.routines), operators=frozenset(self.operators))
 
     def _check_select(self, stmt: ast.SelectStmt, subquery: bool = False) -> None:
         checks = [
@@ -368,6 +376,7 @@ class _Analyser:
         if isinstance(node, ast.A_Expr):
             if node.kind not in EXPR_KINDS:
                 raise UnsupportedQuery(f"operator kind {node.kind.name}")
+            self._operator(node)
         elif isinstance(node, ast.SubLink):
             raise UnsupportedQuery("subquery in an expression")
         elif isinstance(node, ast.SQLValueFunction):
@@ -375,6 +384,16 @@ class _Analyser:
         elif not isinstance(node, PLAIN_NODES):
             raise UnsupportedQuery(f"expression {type(node).__name__}")
         return self._rebuild(node, ctx)
+
+    def _operator(self, node: ast.A_Expr) -> None:
+        """Notes the operator names PostgreSQL looks up for ``node`` (BETWEEN: >= and <=)."""
+        names = [n.sval for n in node.name]
+        if len(names) > 1 and names[0] != "pg_catalog":
+            raise UnsupportedQuery(f"operator {'.'.join(names)}")
+        if node.kind in _BETWEEN_KINDS:
+            self.operators.update((">=", "<="))
+        else:
+            self.operators.add(names[-1])
 
     def _walk_node(self, node: ast.Node, ctx: _Ctx) -> ast.Node:
         """``_walk`` for a node (never a tuple or scalar)."""
@@ -391,10 +410,12 @@ class _Analyser:
         return new
 
     def _function(self, node: ast.FuncCall, ctx: _Ctx) -> ast.Node:
-        names = [n.sval.lower() for n in node.funcname]
+        names = [n.sval for n in node.funcname]  # a quoted "SUM" is not sum
         name = names[-1]
         if len(names) > 1 and names[0] != "pg_catalog":
             raise UnsupportedQuery(f"function {'.'.join(names)}")
+        if len(names) == 1:
+            self.routines.add(name)
         if node.over is not None:
             raise UnsupportedQuery("window function")
         if name in AGGREGATES:

@@ -141,6 +141,11 @@ class QueryAnalysis:
     params: tuple[int, ...]
     resolved: bool
     """True when every column reference was resolved against the catalog (or needed not be)."""
+    routines: frozenset[str] = frozenset()
+    """Names of the functions and aggregates the query calls unqualified (PostgreSQL looks
+    them up on the search_path)."""
+    operators: frozenset[str] = frozenset()
+    """Names of the operators the query uses (also looked up on the search_path)."""
 
     @property
     def is_aggregate(self) -> bool:

@@ -515,3 +515,81 @@ def _check_rewrite(inject_db: str, sketch_proxy: ProxyProcess, table: str, gcol:
     finally:
         with psycopg.connect(inject_db, autocommit=True) as c:
             c.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
+
+
+def test_a_role_with_column_privileges_only_gets_what_postgresql_gives(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """A role may read only some columns of a table (``GRANT SELECT (g, v)``). Its query reads
+    only those, so PostgreSQL answers it; the instrumented query must not make it read a
+    column it may not (a sketch on the primary key), and a query it may not run fails with
+    PostgreSQL's own error."""
+    dsn = str(fresh_db())
+    role = f"cols_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute("CREATE TABLE pt (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL,"
+                  " secret int NOT NULL)")
+        c.execute("INSERT INTO pt SELECT i, i % 500, i % 997, i FROM generate_series(1, 100000) i")
+        c.execute("ANALYZE pt")
+        c.execute(f"GRANT SELECT (g, v) ON pt TO {role}")
+    queries = ["SELECT g, sum(v) FROM pt GROUP BY g HAVING sum(v) > 101000 ORDER BY g",
+               "SELECT g, max(v) AS m FROM pt GROUP BY g ORDER BY m DESC, g LIMIT 5",
+               "SELECT g, count(*) FROM pt GROUP BY g HAVING count(*) > 199 ORDER BY g"]
+    for user in ("postgres", role, "postgres", role):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port, user=user),
+                             autocommit=True) as p, \
+                psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=user),
+                                autocommit=True) as d:
+            for q in queries:
+                for _ in range(2):
+                    assert p.execute(q).fetchall() == d.execute(q).fetchall(), f"{user}: {q}"
+            forbidden = "SELECT g, sum(secret) FROM pt GROUP BY g HAVING sum(secret) > 0"
+            if user == role:
+                errors = []
+                for c in (p, d):
+                    with pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
+                        c.execute(forbidden)
+                    errors.append(str(info.value))
+                assert errors[0] == errors[1]
+            if user == role:  # the role's queries really are instrumented
+                explain = dict(p.execute(f"IMP EXPLAIN {queries[0]}").fetchall())
+                assert explain["decision"] in ("use", "capture"), explain
+
+
+def test_functions_that_resolve_before_pg_catalog_never_use_a_sketch(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """A session's search_path can make ``sum`` or ``round`` mean a function of its own: a
+    schema before pg_catalog wins for the same signature (``mine.sum(int)``), and any schema on
+    the path for a better match (``mine.round(int)`` over pg_catalog's ``round(numeric)``).
+    One sketch serves every session whose tables are the same, and the proxy's incremental
+    engine and answers from memory compute the built-in functions: every answer must still be
+    PostgreSQL's. (Found: a sketch captured under ``mine, pg_catalog`` answered a session on
+    ``public`` with 0 groups instead of 132.)"""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA mine")
+        c.execute("CREATE FUNCTION mine.keep_big(s int, v int) RETURNS int LANGUAGE sql"
+                  " IMMUTABLE AS 'SELECT CASE WHEN v > 500 THEN coalesce(s, 0) + v ELSE s END'")
+        c.execute("CREATE AGGREGATE mine.sum(int) (SFUNC = mine.keep_big, STYPE = int)")
+        c.execute("CREATE FUNCTION mine.round(v int) RETURNS int LANGUAGE sql IMMUTABLE"
+                  " AS 'SELECT 2 * v'")
+        c.execute("CREATE TABLE ft (g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO ft SELECT i % 300, (i * 37) % 1000 FROM generate_series(1, 60000) i")
+        c.execute("ANALYZE ft")
+    queries = ["SELECT g, sum(v) FROM ft GROUP BY g HAVING sum(v) > 101000 ORDER BY g",
+               "SELECT g, count(*) FROM ft GROUP BY g HAVING max(round(v)) > 998 ORDER BY g"]
+    for path in ("public", "mine, pg_catalog, public", "pg_catalog, mine, public", "public"):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            for c in (p, d):
+                c.execute(sql.SQL("SET search_path = {}").format(sql.SQL(path)))
+            for q in queries:
+                for _ in range(3):
+                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
+                    assert got == want, f"{path}: {q}: {len(got)} rows instead of {len(want)}"
+                    d.execute("INSERT INTO ft VALUES (7, 999)")  # maintained, not recaptured
+            explain = dict(p.execute(f"IMP EXPLAIN {queries[0]}").fetchall())
+            if path == "public":  # sessions without such functions keep their sketches
+                assert explain["decision"] in ("use", "capture"), explain
+            else:
+                assert explain["decision"] == "passthrough", explain
