@@ -146,18 +146,20 @@ _SHADOWING = psql.SQL(
     " ELSE (SELECT format('%s %I.%s', u.kind, u.nsp, u.name) FROM ("
     "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name"
     "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
-    "  WHERE f.proname = ANY({routines}::text[])"
+    "  WHERE f.oid >= 16384 AND f.proname = ANY({routines}::text[])"
     "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text"
     "  FROM pg_catalog.pg_operator AS o"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
-    "  WHERE o.oprname = ANY({operators}::text[]) AND o.oprleft < 16384 AND o.oprright < 16384"
+    "  WHERE o.oid >= 16384 AND o.oprname = ANY({operators}::text[])"
+    "  AND o.oprleft < 16384 AND o.oprright < 16384"
     " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1) END)")
 """A reason when the session's search_path can resolve a name of ``routines`` (functions and
 aggregates) or ``operators`` to one not in pg_catalog, else NULL: a schema other than the
 session's temporary one precedes pg_catalog (any same-signature function, aggregate, operator
 or type there wins), or a schema on the path defines a function of such a name (it wins where
 its argument types match better than pg_catalog's) or an operator of such a name between
-built-in types (16384: PostgreSQL's first user object id). Why: the incremental engine and the
+built-in types (16384: PostgreSQL's first user object id; only objects above it are read,
+down the oid index: a database has few). Why: the incremental engine and the
 answers from memory compute the built-in ones, and one sketch serves every session whose names
 resolve to the same tables. Operators on an extension's types (citext) are not checked."""
 

@@ -126,3 +126,22 @@ def test_lenient_analysis_runs_every_syntactic_check_without_the_catalog() -> No
         analyse("SELECT random(), g FROM t, dim WHERE g = k GROUP BY g", lenient=True)
     a = analyse("SELECT g FROM t, dim WHERE g = k GROUP BY g", lenient=True)
     assert not a.resolved
+
+
+def test_names_looked_up_on_the_search_path_are_collected() -> None:
+    """The functions called unqualified and the operators used (BETWEEN: >= and <=, LIKE:
+    ~~): PostgreSQL resolves them through the session's search_path."""
+    a = analyse("SELECT g, sum(v), max(round(v)) FROM t WHERE v BETWEEN 1 AND 5"
+                " AND g IN (1, 2) AND s LIKE 'a%' AND pg_catalog.abs(v) > 0 GROUP BY g"
+                " HAVING count(*) <> 3")
+    assert a.routines == {"sum", "max", "round", "count"}
+    assert a.operators == {">=", "<=", "=", "~~", ">", "<>"}
+
+
+@pytest.mark.parametrize("sql", ['SELECT g, "SUM"(v) FROM t GROUP BY g',
+                                 "SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v)"
+                                 " OPERATOR(mine.>) 3",
+                                 "SELECT g, mine.sum(v) FROM t GROUP BY g"])
+def test_quoted_or_qualified_names_are_not_the_built_ins(sql: str) -> None:
+    with pytest.raises(UnsupportedQuery):
+        analyse(sql)
