@@ -147,6 +147,7 @@ _SHADOWING = psql.SQL(
     "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name"
     "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
     "  WHERE f.oid >= 16384 AND f.proname = ANY({routines}::text[])"
+    "  AND 16384 > ALL (f.proargtypes::oid[])"
     "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text"
     "  FROM pg_catalog.pg_operator AS o"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
@@ -156,12 +157,14 @@ _SHADOWING = psql.SQL(
 """A reason when the session's search_path can resolve a name of ``routines`` (functions and
 aggregates) or ``operators`` to one not in pg_catalog, else NULL: a schema other than the
 session's temporary one precedes pg_catalog (any same-signature function, aggregate, operator
-or type there wins), or a schema on the path defines a function of such a name (it wins where
-its argument types match better than pg_catalog's) or an operator of such a name between
-built-in types (16384: PostgreSQL's first user object id; only objects above it are read,
-down the oid index: a database has few). Why: the incremental engine and the
-answers from memory compute the built-in ones, and one sketch serves every session whose names
-resolve to the same tables. Operators on an extension's types (citext) are not checked."""
+or type there wins), or a schema on the path defines a function or an operator of such a name
+on built-in types only (it wins where its argument types match better than pg_catalog's;
+16384: PostgreSQL's first user object id — only objects above it are read, down the oid
+index: a database has few). Why: the incremental engine and the answers from memory compute
+the built-in ones, and one sketch serves every session whose names resolve to the same
+tables. Functions and operators on an extension's types (citext's ``max``, ``=``) are not
+flagged: on those types they are the only candidates wherever the extension's schema is on
+the path."""
 
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
