@@ -333,14 +333,12 @@ def _check_audits_visible(audits: Sequence[tuple[int, str]],
 
 _SAVEPOINT = b"SAVEPOINT _imp_deltas"
 READ_SETTINGS = ("set_config('max_parallel_workers_per_gather', '0', true),"
-                 " set_config('jit', 'off', true),"
-                 " set_config('plan_cache_mode', 'force_custom_plan', true)")
+                 " set_config('jit', 'off', true)")
 """Columns of a tuned query's setup (:class:`DeltaQuery`), in effect for its fetch and every
-read after it until :func:`read_settings` or :func:`read_batch` undoes them.
+read after it until :func:`read_settings` or :func:`read_batch` undoes them (with the
+setup's own ``enable_nestloop`` and ``plan_cache_mode``: :func:`sketches.ivm.partials.query`).
 
-Why: a delta is small and its size is only known from the version, a parameter: a generic
-plan guesses a third of the audit table (a hash join over a whole base table for ten delta
-rows); a parallel plan launches workers even where a one-time filter is false; JIT compiles
+Why: a parallel plan launches workers even where a one-time filter is false; JIT compiles
 for estimates, not rows. The setup itself is planned before they take effect, so it may keep
 a generic plan."""
 _UNDO = (b"ROLLBACK TO SAVEPOINT _imp_deltas", b"RELEASE SAVEPOINT _imp_deltas")

@@ -122,17 +122,30 @@ hash table (measured on the benchmark's tables: ~1 µs against ~0.1 µs)."""
 MAX_COUNTED = 100_000
 """Audit rows counted at most to decide the plan (a delta never turns a join with larger
 partners into hash joins)."""
+SMALL_DELTA = 1000
+"""Audit rows per table up to which the fetch may run a cached generic plan (see
+:func:`_join_setup`)."""
 
 
 def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> sql.Composable:
     """``enable_nestloop`` off when hash joins read less: every table's delta (passing its
-    WHERE) is empty or at least 1/:data:`PROBE_COST` of its partners' rows (their sizes now).
+    WHERE) is empty or at least 1/:data:`PROBE_COST` of its partners' rows (their sizes now);
+    ``plan_cache_mode`` ``force_custom_plan`` unless every table's delta has at most
+    :data:`SMALL_DELTA` rows (then ``auto``).
 
-    Why: all audit rows of one transaction carry its one xid, so the planner, estimating
-    ``_xid >= xmin`` from the spread of xids, expects a handful of delta rows and probes the
-    partners' indexes once per row — 4000 probes of a 1000-row table for one 2000-row
-    UPDATE, several times the cost of hashing the table. The terms of the tables without
-    delta rows are cut before they run, so their plans do not matter."""
+    Why nested loops off: all audit rows of one transaction carry its one xid, so the
+    planner, estimating ``_xid >= xmin`` from the spread of xids, expects a handful of delta
+    rows and probes the partners' indexes once per row — 4000 probes of a 1000-row table for
+    one 2000-row UPDATE, several times the cost of hashing the table. The terms of the tables
+    without delta rows are cut before they run, so their plans do not matter.
+
+    Why custom plans for larger deltas: the delta's size is only known from the version, a
+    parameter, and a generic plan guesses a third of the audit table. Why not for small ones:
+    planning the fetch (a UNION ALL of joins) was half of a small delta's read (0.4–0.5 ms
+    of ~1 ms). ``auto`` runs a cached generic plan only when PostgreSQL costs it no higher
+    than the custom plans it made, which rules out a hash join over a large partner for a
+    small delta; and at most :data:`SMALL_DELTA` probes per table bound what a generic
+    nested loop can cost."""
     rows = conn.execute(
         "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint"
         " ELSE pg_relation_size(c.oid) / 50 END"
@@ -142,19 +155,23 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
     sizes = [int(r[0]) for r in rows]
     if len(sizes) != len(infos):
         raise InconsistentDelta("a joined table is gone")
-    conds = []
+    counts, hashed, small = [], [], []
     for pos, (t, info) in enumerate(zip(spec.tables, infos, strict=True)):
         cap = -(-(sum(sizes) - sizes[pos]) // PROBE_COST)
-        if cap > MAX_COUNTED:
-            conds.append(sql.SQL("NOT {}").format(_has_delta(conn, t, info)))
-            continue
-        counted = sql.SQL("(SELECT count(*) FROM ({}) AS _n)").format(
-            _newest(conn, t, info, sql.SQL("1"), max(cap, 1)))
-        conds.append(sql.SQL("(SELECT _n = 0 OR _n >= {cap} FROM (SELECT {n} AS _n) AS _c)")
-                     .format(n=counted, cap=sql.Literal(cap)))
-    return sql.SQL("SELECT set_config('enable_nestloop', CASE WHEN {} THEN 'off'"
-                   " ELSE current_setting('enable_nestloop') END, true), {}").format(
-        sql.SQL(" AND ").join(conds), sql.SQL(deltas.READ_SETTINGS))
+        n = sql.Identifier(f"_n{pos}")
+        limit = SMALL_DELTA + 1 if cap > MAX_COUNTED else max(cap, SMALL_DELTA + 1)
+        counts.append(sql.SQL("(SELECT count(*) FROM ({}) AS _n) AS {}").format(
+            _newest(conn, t, info, sql.SQL("1"), limit), n))
+        hashed.append(sql.SQL("{n} = 0").format(n=n) if cap > MAX_COUNTED else
+                      sql.SQL("({n} = 0 OR {n} >= {cap})").format(n=n, cap=sql.Literal(cap)))
+        small.append(sql.SQL("{} <= {}").format(n, sql.Literal(SMALL_DELTA)))
+    return sql.SQL(
+        "SELECT set_config('enable_nestloop', CASE WHEN {hashed} THEN 'off'"
+        " ELSE current_setting('enable_nestloop') END, true),"
+        " set_config('plan_cache_mode', CASE WHEN {small} THEN 'auto'"
+        " ELSE 'force_custom_plan' END, true), {settings} FROM (SELECT {counts}) AS _c").format(
+        hashed=sql.SQL(" AND ").join(hashed), small=sql.SQL(" AND ").join(small),
+        settings=sql.SQL(deltas.READ_SETTINGS), counts=sql.SQL(", ").join(counts))
 
 
 def _newest(conn: Conn, t: TableSpec, info: deltas.TableInfo, output: sql.Composable,
