@@ -122,7 +122,7 @@ hash table (measured on the benchmark's tables: ~1 µs against ~0.1 µs)."""
 MAX_COUNTED = 100_000
 """Audit rows counted at most to decide the plan (a delta never turns a join with larger
 partners into hash joins)."""
-SMALL_DELTA = 1000
+SMALL_DELTA = 200
 """Audit rows per table up to which the fetch may run a cached generic plan (see
 :func:`_join_setup`)."""
 
@@ -146,8 +146,9 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
     than the custom plans it made, which rules out a hash join over a large partner for a
     small delta; and at most :data:`SMALL_DELTA` probes per table bound what a generic
     nested loop can cost. Never with nested loops off: the generic plan, cached once, would
-    then serve both settings (measured: join-mn at 500 delta rows 1.4–1.6 → 2.3 ms with the
-    nested loops of a plan built for a smaller delta)."""
+    then serve both settings (measured: join-mn at 500–1000 delta rows 1.3–2.2 → 2.4–5.7 ms
+    with the nested loops of a plan built for a smaller delta). The counts stop at what the
+    two decisions need: counting past the cap cost 0.5–1 ms at 500–1000 rows."""
     rows = conn.execute(
         "SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint"
         " ELSE pg_relation_size(c.oid) / 50 END"
@@ -161,7 +162,8 @@ def _join_setup(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -
     for pos, (t, info) in enumerate(zip(spec.tables, infos, strict=True)):
         cap = -(-(sum(sizes) - sizes[pos]) // PROBE_COST)
         n = sql.Identifier(f"_n{pos}")
-        limit = SMALL_DELTA + 1 if cap > MAX_COUNTED else max(cap, SMALL_DELTA + 1)
+        # n counted up to cap decides both where cap <= SMALL_DELTA (n < cap: small)
+        limit = SMALL_DELTA + 1 if cap > MAX_COUNTED else max(cap, 1)
         counts.append(sql.SQL("(SELECT count(*) FROM ({}) AS _n) AS {}").format(
             _newest(conn, t, info, sql.SQL("1"), limit), n))
         hashed.append(sql.SQL("{n} = 0").format(n=n) if cap > MAX_COUNTED else
