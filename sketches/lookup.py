@@ -81,12 +81,6 @@ class Relations:
     names: tuple[tuple[str, str], ...]
 
 
-def role_dependent(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> str | None:
-    """Why the query's result may depend on the role that runs it, or None (see
-    :func:`relations`)."""
-    return relations(conn, analysis).reason
-
-
 def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relations:
     """The query's tables as this connection resolves them, in one round trip.
 

@@ -35,7 +35,7 @@ def conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     ("SELECT g, sum(v) FROM plain GROUP BY g HAVING sum(v) > 3", None),  # not on the path
 ])
 def test_role_dependent(conn: psycopg.Connection[Any], sql: str, verdict: str | None) -> None:
-    got = lookup.role_dependent(conn, analyse(sql, lenient=True))
+    got = lookup.relations(conn, analyse(sql, lenient=True)).reason
     assert got == verdict if verdict is None else got is not None and got.startswith(verdict)
 
 
@@ -43,7 +43,7 @@ def test_role_dependent_once_search_path_finds_the_table(conn: psycopg.Connectio
     conn.execute("SET search_path = lk, public")
     try:
         sql = "SELECT g, sum(v) FROM shown GROUP BY g HAVING sum(v) > 3"
-        got = lookup.role_dependent(conn, analyse(sql, lenient=True))
+        got = lookup.relations(conn, analyse(sql, lenient=True)).reason
         assert got is not None and got.startswith("shown is a view")
     finally:
         conn.execute("RESET search_path")
@@ -62,14 +62,14 @@ def test_role_dependent_follows_the_catalog_and_search_path_as_they_change(
         bare = analyse("SELECT g, sum(v) FROM lk2_plain GROUP BY g HAVING sum(v) > 3",
                        lenient=True)
         for _ in range(7):   # past PostgreSQL's five custom plans
-            assert lookup.role_dependent(conn, named) is None
-            assert lookup.role_dependent(conn, bare) is None
+            assert lookup.relations(conn, named).reason is None
+            assert lookup.relations(conn, bare).reason is None
         conn.execute('ALTER TABLE lk."Größe ""x""" ENABLE ROW LEVEL SECURITY')
-        got = lookup.role_dependent(conn, named)
+        got = lookup.relations(conn, named).reason
         assert got is not None and got.startswith('Größe "x" has row-level security')
         conn.execute("CREATE VIEW lk.lk2_plain AS SELECT 1 AS g, 2 AS v")
         conn.execute("SET search_path = lk, public")
-        got = lookup.role_dependent(conn, bare)   # the view now comes first on the path
+        got = lookup.relations(conn, bare).reason   # the view now comes first on the path
         assert got is not None and got.startswith("lk2_plain is a view")
     finally:
         conn.execute("RESET search_path")
