@@ -100,7 +100,8 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
         return Relations(None, (), ())
     query = _relations_query(tuple((t.schema, t.name) for t in tables),
                              tuple(sorted(analysis.routines | GENERATED_ROUTINES)),
-                             tuple(sorted(analysis.operators | GENERATED_OPERATORS)))
+                             tuple(sorted(analysis.operators | GENERATED_OPERATORS)),
+                             tuple(sorted(analysis.types)))
     oids, names = [0] * len(tables), [("", "")] * len(tables)
     for i, relkind, rls, oid, schema, name, persistence, shadowing in conn.execute(
             query, prepare=True).fetchall():
@@ -133,6 +134,21 @@ queries), in the client's search_path."""
 GENERATED_OPERATORS = frozenset({"=", "<>", "<", "<=", ">", ">=", "+", "-", "*"})
 """Operators the library's own SQL uses."""
 
+_REGCLASS = ("to_regclass(CASE WHEN u.s IS NULL THEN quote_ident(u.n)"
+             " ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)")
+"""The relation a row ``u(s, n)`` of schema and name resolves to on the search_path."""
+
+_QUERY_TYPES = (
+    "(SELECT array_agg(v.x) FROM ("
+    "  SELECT a.atttypid AS t FROM unnest({schemas}::text[], {names}::text[]) AS u(s, n)"
+    "  JOIN pg_catalog.pg_attribute AS a ON a.attrelid = " + _REGCLASS + " AND a.attnum > 0"
+    "  UNION ALL SELECT to_regtype(c) FROM unnest({types}::text[]) AS c"
+    " ) AS q JOIN pg_catalog.pg_type AS y ON y.oid = q.t"
+    " CROSS JOIN LATERAL (VALUES (y.oid), (y.typbasetype), (y.typelem)) AS v(x)"
+    " WHERE v.x >= 16384)")
+"""The user-created types (an extension's among them) of the query's values: its tables'
+columns and its casts, with a domain's base type and an array's element type."""
+
 _SHADOWING = psql.SQL(
     "(SELECT CASE WHEN (SELECT p.s FROM unnest(current_schemas(true)) WITH ORDINALITY AS p(s, i)"
     "  WHERE p.s NOT LIKE 'pg\\_temp\\_%' ORDER BY p.i LIMIT 1) IS DISTINCT FROM 'pg_catalog'"
@@ -141,38 +157,44 @@ _SHADOWING = psql.SQL(
     "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name"
     "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
     "  WHERE f.oid >= 16384 AND f.proname = ANY({routines}::text[])"
-    "  AND 16384 > ALL (f.proargtypes::oid[])"
+    "  AND (16384 > ALL (f.proargtypes::oid[]) OR f.proargtypes::oid[] && " + _QUERY_TYPES + ")"
     "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text"
     "  FROM pg_catalog.pg_operator AS o"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
     "  WHERE o.oid >= 16384 AND o.oprname = ANY({operators}::text[])"
-    "  AND o.oprleft < 16384 AND o.oprright < 16384"
+    "  AND (o.oprleft < 16384 AND o.oprright < 16384"
+    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES + ")"
     " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1) END)")
 """A reason when the session's search_path can resolve a name of ``routines`` (functions and
 aggregates) or ``operators`` to one not in pg_catalog, else NULL: a schema other than the
 session's temporary one precedes pg_catalog (any same-signature function, aggregate, operator
 or type there wins), or a schema on the path defines a function or an operator of such a name
-on built-in types only (it wins where its argument types match better than pg_catalog's;
-16384: PostgreSQL's first user object id — only objects above it are read, down the oid
-index: a database has few). Why: the incremental engine and the answers from memory compute
-the built-in ones, and one sketch serves every session whose names resolve to the same
-tables. Functions and operators on an extension's types (citext's ``max``, ``=``) are not
-flagged: on those types they are the only candidates wherever the extension's schema is on
-the path."""
+that takes built-in types only (it wins where its argument types match better than
+pg_catalog's) or one of the query's own user-created types (:data:`_QUERY_TYPES`: citext's
+``=`` and ``max``). 16384: PostgreSQL's first user object id — only objects above it are
+read, down the oid index: a database has few.
+
+Why: the incremental engine and the answers from memory compute the built-in ones, and one
+sketch serves every session whose names resolve to the same tables. An extension's operator
+is found only where its schema is on the path: ``name = 'foo'`` on a citext column compares
+case-insensitively there and as text elsewhere (found: a sketch captured with the
+extension's schema on the path answered a session without it with 0 groups instead of 50).
+Such a query passes through where the extension's operator is visible; sessions that resolve
+to the built-in ones share sketches. Functions and operators on an extension's types a query
+does not use block nothing (citext's ``max`` does not concern a query of integers)."""
 
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
     " c.relpersistence, {shadowing}"
-    " FROM unnest({}::text[], {}::text[]) WITH ORDINALITY AS u(s, n, i)"
-    " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(CASE WHEN u.s IS NULL"
-    " THEN quote_ident(u.n) ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)"
+    " FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
+    " JOIN pg_catalog.pg_class AS c ON c.oid = " + _REGCLASS +
     " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     " ORDER BY u.i")
 
 
 @lru_cache(maxsize=256)
 def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple[str, ...],
-                     operators: tuple[str, ...]) -> str:
+                     operators: tuple[str, ...], types: tuple[str, ...]) -> str:
     """Kind, row-level security, oid, resolved name and persistence of each table (schema,
     name; in one round trip, in order).
 
@@ -183,8 +205,10 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
     schemas = psql.Literal([s for s, _n in tables])
     names = psql.Literal([n for _s, n in tables])
     shadowing = _SHADOWING.format(routines=psql.Literal(list(routines)),
-                                  operators=psql.Literal(list(operators)))
-    return _RELATIONS.format(schemas, names, shadowing=shadowing).as_string(None)
+                                  operators=psql.Literal(list(operators)),
+                                  types=psql.Literal(list(types)), schemas=schemas, names=names)
+    return _RELATIONS.format(schemas=schemas, names=names,
+                             shadowing=shadowing).as_string(None)
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,

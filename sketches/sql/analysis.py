@@ -32,6 +32,7 @@ from pglast.enums import (
     SortByDir,
     SortByNulls,
 )
+from pglast.stream import RawStream
 
 from sketches.errors import NeedsCatalog, UnsupportedQuery
 from sketches.sql.grammar import (
@@ -108,6 +109,7 @@ class _Analyser:
         self.params: set[int] = set()
         self.routines: set[str] = set()
         self.operators: set[str] = set()
+        self.types: set[str] = set()
         self.column_cache: dict[int, frozenset[str] | None] = {}
         self.resolved = True
 
@@ -132,7 +134,8 @@ class _Analyser:
             group_by=group_by, aggregates=tuple(self.aggregates.values()), having=having,
             order_by=order_by, limit=self._limit(stmt), distinct=bool(stmt.distinctClause),
             select=select, params=tuple(sorted(self.params)), resolved=self.resolved,
-            routines=frozenset(self.routines), operators=frozenset(self.operators))
+            routines=frozenset(self.routines), operators=frozenset(self.operators),
+            types=frozenset(self.types))
 
     def _check_select(self, stmt: ast.SelectStmt, subquery: bool = False) -> None:
         checks = [
@@ -381,6 +384,8 @@ class _Analyser:
             raise UnsupportedQuery("subquery in an expression")
         elif isinstance(node, ast.SQLValueFunction):
             raise UnsupportedQuery("CURRENT_DATE/CURRENT_USER-like function")
+        elif isinstance(node, ast.TypeCast):
+            self._cast_type(node.typeName)
         elif not isinstance(node, PLAIN_NODES):
             raise UnsupportedQuery(f"expression {type(node).__name__}")
         return self._rebuild(node, ctx)
@@ -394,6 +399,12 @@ class _Analyser:
             self.operators.update((">=", "<="))
         else:
             self.operators.add(names[-1])
+
+    def _cast_type(self, name: ast.TypeName) -> None:
+        """Notes the type a cast names (:attr:`QueryAnalysis.types`)."""
+        if name.pct_type or len(name.names) > 2:
+            raise UnsupportedQuery("cast to a %TYPE or cross-database type")
+        self.types.add(RawStream()(name))
 
     def _walk_node(self, node: ast.Node, ctx: _Ctx) -> ast.Node:
         """``_walk`` for a node (never a tuple or scalar)."""

@@ -146,6 +146,9 @@ class QueryAnalysis:
     them up on the search_path)."""
     operators: frozenset[str] = frozenset()
     """Names of the operators the query uses (also looked up on the search_path)."""
+    types: frozenset[str] = frozenset()
+    """The type names of the query's casts, as written (a name without a schema is looked up
+    on the search_path)."""
 
     @property
     def is_aggregate(self) -> bool:

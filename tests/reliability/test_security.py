@@ -594,3 +594,45 @@ def test_functions_that_resolve_before_pg_catalog_never_use_a_sketch(
                 assert explain["decision"] in ("use", "capture"), explain
             else:
                 assert explain["decision"] == "passthrough", explain
+
+
+def test_an_extensions_operators_serve_only_the_sessions_that_see_them(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """citext installed in its own schema: ``name = 'foo'`` on a citext column compares
+    case-insensitively where that schema is on the search_path and as text where it is not
+    (citext casts to text implicitly), and so does a cast to ``ext.citext``. One sketch
+    serves every session whose tables are the same relations: every answer must still be
+    PostgreSQL's. (Found: a sketch captured with ``ext`` on the path answered a session
+    without it with 0 groups instead of 50.)"""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA ext")
+        c.execute("CREATE EXTENSION citext SCHEMA ext")
+        c.execute("CREATE TABLE ct (id int PRIMARY KEY, g int NOT NULL, name ext.citext,"
+                  " note text, v int NOT NULL)")
+        c.execute("INSERT INTO ct SELECT i, i % 50, w, w, CASE WHEN i % 3 = 1 THEN -5 ELSE 1 END"
+                  " FROM generate_series(1, 20000) i,"
+                  " LATERAL (SELECT (ARRAY['foo', 'FOO', 'bar'])[i % 3 + 1] AS w) AS x")
+        c.execute("ANALYZE ct")
+    queries = ["SELECT g, sum(v) FROM ct WHERE name = 'foo' GROUP BY g HAVING sum(v) > 0"
+               " ORDER BY g",
+               "SELECT g, sum(v) FROM ct WHERE note::ext.citext = 'foo' GROUP BY g"
+               " HAVING sum(v) > 0 ORDER BY g"]
+    decisions = []
+    for path in ("public, ext", "public", "ext, public", "public"):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            for c in (p, d):
+                c.execute(sql.SQL("SET search_path = {}").format(sql.SQL(path)))
+            for q in queries:
+                for i in range(3):
+                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
+                    assert got == want, f"{path}: {q}: {len(got)} rows instead of {len(want)}"
+                    if i == 1:  # the next session's first query finds no commit since
+                        d.execute("UPDATE ct SET v = v + 1 WHERE id = %s", (len(decisions) + 1,))
+                decisions.append((path, q, dict(p.execute(f"IMP EXPLAIN {q}").fetchall())))
+    for path, q, explain in decisions:   # after every answer was compared
+        if "ext" in path:
+            assert explain["decision"] == "passthrough", (path, q, explain)
+        else:  # sessions that resolve to the built-in operators keep their sketches
+            assert explain["decision"] in ("use", "capture"), (path, q, explain)

@@ -138,6 +138,16 @@ def test_names_looked_up_on_the_search_path_are_collected() -> None:
     assert a.operators == {">=", "<=", "=", "~~", ">", "<>"}
 
 
+def test_the_types_of_casts_are_collected() -> None:
+    """A cast's type name, as PostgreSQL will look it up (qualified when written so): the
+    operators applied to its values depend on it."""
+    a = analyse("SELECT g, sum(v::numeric(10, 2)) FROM t WHERE s::ext.citext = 'a'"
+                " AND v = ANY('{1}'::int[]) GROUP BY g")
+    assert a.types == {"numeric(10, 2)", "ext.citext", "integer[]"}
+    with pytest.raises(UnsupportedQuery):
+        analyse("SELECT g, count(*) FROM t WHERE s::db.ext.citext = 'a' GROUP BY g")
+
+
 @pytest.mark.parametrize("sql", ['SELECT g, "SUM"(v) FROM t GROUP BY g',
                                  "SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v)"
                                  " OPERATOR(mine.>) 3",
