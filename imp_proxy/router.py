@@ -94,10 +94,11 @@ class PrepareOutcome:
     would run, and why)."""
 
 
-EVALUATION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle")
+EVALUATION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "standard_conforming_strings")
 """Settings that change what a query's constants mean (``'2020-01-01'`` as a timestamptz, a
-date's field order, an interval's text); PostgreSQL reports each (ParameterStatus), so a
-service connection knows its own without a query."""
+date's field order, an interval's text, a backslash in ``'a\\b'``: an escape where
+standard_conforming_strings is off); PostgreSQL reports each (ParameterStatus), so a service
+connection knows its own without a query."""
 
 
 def _settings_differ(client: tuple[str, ...], service: tuple[str, ...]) -> PrepareOutcome:

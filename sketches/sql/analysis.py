@@ -395,6 +395,9 @@ class _Analyser:
         names = [n.sval for n in node.name]
         if len(names) > 1 and names[0] != "pg_catalog":
             raise UnsupportedQuery(f"operator {'.'.join(names)}")
+        if node.kind == A_Expr_Kind.AEXPR_OP and names == ["="] and any(
+                isinstance(side, ast.A_Const) and side.isnull for side in (node.lexpr, node.rexpr)):
+            raise UnsupportedQuery("= NULL (IS NULL in a session with transform_null_equals)")
         if node.kind in _BETWEEN_KINDS:
             self.operators.update((">=", "<="))
         else:

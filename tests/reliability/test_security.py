@@ -369,6 +369,48 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
                 assert int(stats(p)["proxy.used"]) > 0
 
 
+def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """Two session settings change what a query's text means: with standard_conforming_strings
+    off, ``'a\\\\b'`` is ``a\\b`` (an escaped backslash), and with transform_null_equals on,
+    ``v = NULL`` is ``v IS NULL``. The service connection has neither. Every answer must be
+    PostgreSQL's; sessions with the defaults keep using sketches. (Found: a session with
+    standard_conforming_strings off got 0 groups instead of 25, one with transform_null_equals
+    on 0 instead of 50.)"""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE bs (id int PRIMARY KEY, g int NOT NULL, name text, v int)")
+        c.execute("INSERT INTO bs SELECT i, i % 50, CASE WHEN i % 2 = 0 THEN 'a\\b'"
+                  " ELSE 'a\\\\b' END, CASE WHEN i % 7 = 0 THEN NULL WHEN i % 2 = 0 THEN 1"
+                  " ELSE -1 END FROM generate_series(1, 20000) i")
+        c.execute("ANALYZE bs")
+    backslash = ("SELECT g, sum(v) FROM bs WHERE name = 'a\\\\b' GROUP BY g HAVING sum(v) > 0"
+                 " ORDER BY g")
+    null_equals = ("SELECT g, count(*) FROM bs WHERE v = NULL GROUP BY g HAVING count(*) > 0"
+                   " ORDER BY g")
+    for setting in (None, "standard_conforming_strings = off", "transform_null_equals = on",
+                    None):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            for c in (p, d):
+                c.execute("SET escape_string_warning = off")
+                if setting is not None:
+                    c.execute(f"SET {setting}")
+            used = int(stats(p)["proxy.used"])
+            for n in range(1, 9):   # capture, then use (see the TimeZone test)
+                for q in (backslash, null_equals):
+                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
+                    assert got == want, f"{setting}: {q}: {len(got)} groups, not {len(want)}"
+                if n >= 2 and (setting is not None or int(stats(p)["proxy.used"]) > used):
+                    break
+            if setting is None:
+                assert int(stats(p)["proxy.used"]) > used
+            else:
+                q = backslash if "strings" in setting else null_equals
+                explain = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())
+                assert explain["decision"] == "passthrough", explain
+
+
 def test_databases_never_share_sketches(fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """Same table name and query text in two databases, different data: each answer exact,
     and IMP SHOW SKETCHES in one database lists none of the other's."""

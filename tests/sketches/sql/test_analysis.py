@@ -138,6 +138,16 @@ def test_names_looked_up_on_the_search_path_are_collected() -> None:
     assert a.operators == {">=", "<=", "=", "~~", ">", "<>"}
 
 
+@pytest.mark.parametrize("sql", ["SELECT g, count(*) FROM t WHERE v = NULL GROUP BY g",
+                                 "SELECT g, count(*) FROM t GROUP BY g HAVING NULL = max(v)"])
+def test_equals_null_is_refused(sql: str) -> None:
+    """A session with transform_null_equals reads ``x = NULL`` as ``x IS NULL``; the service
+    connection does not (the setting is not reported to the proxy)."""
+    with pytest.raises(UnsupportedQuery, match="transform_null_equals"):
+        analyse(sql)
+    analyse(sql.replace("NULL", "NULL::int"))   # a typed NULL is never transformed
+
+
 def test_the_types_of_casts_are_collected() -> None:
     """A cast's type name, as PostgreSQL will look it up (qualified when written so): the
     operators applied to its values depend on it."""
