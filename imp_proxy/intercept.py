@@ -42,7 +42,7 @@ from .protocol.messages import (
     Execute,
     Parse,
 )
-from .router import EVALUATION_SETTINGS, PrepareOutcome, ServiceError
+from .router import SESSION_SETTINGS, PrepareOutcome, ServiceError
 
 if TYPE_CHECKING:
     from .session import Session
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # text ("$user", public) names other schemas on the service connection, another role's
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
-                  + "".join(f", current_setting('{n}')" for n in EVALUATION_SETTINGS))
+                  + "".join(f", current_setting('{n}')" for n in SESSION_SETTINGS))
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
@@ -208,7 +208,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
     text = rows[0].values[2]
     snapshot_text = text.decode() if text is not None else None
-    settings = tuple((v or b"").decode() for v in rows[0].values[3:3 + len(EVALUATION_SETTINGS)])
+    settings = tuple((v or b"").decode() for v in rows[0].values[3:3 + len(SESSION_SETTINGS)])
     params: list[object] | None = None
     if bind is not None:
         described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]

@@ -100,13 +100,26 @@ date's field order, an interval's text, a backslash in ``'a\\b'``: an escape whe
 standard_conforming_strings is off); PostgreSQL reports each (ParameterStatus), so a service
 connection knows its own without a query."""
 
+UNREPORTED_SETTINGS = ("array_nulls", "transform_null_equals", "timezone_abbreviations",
+                       "lc_monetary")
+"""Settings that change how a query's text is read (``NULL`` in an array literal, ``x = NULL``,
+``'2020-01-01 EST'``, a money literal) which PostgreSQL does not report: the service
+connection reads its own in the transaction's setup."""
+
+SESSION_SETTINGS = EVALUATION_SETTINGS + UNREPORTED_SETTINGS
+"""What a client session's settings are compared with the service connection's on."""
+
 
 def _settings_differ(client: tuple[str, ...], service: tuple[str, ...]) -> PrepareOutcome:
     diff = ", ".join(f"{n} {c!r} (service connection: {v!r})"
-                     for n, c, v in zip(EVALUATION_SETTINGS, client, service, strict=True)
+                     for n, c, v in zip(SESSION_SETTINGS, client, service, strict=True)
                      if c != v)
     return PrepareOutcome("passthrough", f"the session's {diff}: a sketch captured under the "
                           "service connection's settings need not hold", None, None)
+
+
+_READ_UNREPORTED = pgsql.SQL("SELECT {}").format(pgsql.SQL(", ").join(
+    pgsql.SQL("current_setting({})").format(pgsql.Literal(n)) for n in UNREPORTED_SETTINGS))
 
 
 class PerDatabase:
@@ -301,7 +314,7 @@ class Router:
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
         hook where a capture would run (``IMP EXPLAIN``). ``settings``: the client session's
-        ``EVALUATION_SETTINGS``; when they differ from the service connections', the query
+        ``SESSION_SETTINGS``; when they differ from the service connections', the query
         passes through (a sketch captured or kept under the one need not hold under the
         other: ``'2020-01-01'`` is another instant in another TimeZone)."""
         known = self._service_settings.get(dbname)
@@ -330,19 +343,27 @@ class Router:
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
         with self._service(dbname) as conn:
-            own = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
-            self._service_settings[dbname] = own
-            if settings is not None and settings != own:
-                return _settings_differ(settings, own)
+            reported = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
+            if settings is not None and settings[:len(reported)] != reported:
+                return _settings_differ(settings, reported + settings[len(reported):])
             # one round trip (a simple Query of several statements: no parameters)
             setup = [pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
                      pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot))]
             if search_path is not None:
                 setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
                     pgsql.Literal(search_path)))
+            setup.append(_READ_UNREPORTED)
             prepared = False
             try:
-                conn.execute(pgsql.SQL("; ").join(setup))
+                cur = conn.execute(pgsql.SQL("; ").join(setup))
+                while cur.nextset():   # to the last statement's row
+                    pass
+                row = cur.fetchone()
+                own = reported + tuple(str(v) for v in row or ())
+                self._service_settings[dbname] = own
+                if settings is not None and settings != own:
+                    conn.execute("ROLLBACK")
+                    return _settings_differ(settings, own)
                 p = hook.prepare(conn, sql, params, search_path,
                                  **({} if snapshot_text is None else {"snapshot": snapshot_text}))
                 prepared = True

@@ -371,16 +371,19 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
 
 def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
         fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
-    """Two session settings change what a query's text means: with standard_conforming_strings
+    """Three session settings change what a query's text means: with standard_conforming_strings
     off, ``'a\\\\b'`` is ``a\\b`` (an escaped backslash), and with transform_null_equals on,
-    ``v = NULL`` is ``v IS NULL``. The service connection has neither. Every answer must be
+    ``v = NULL`` is ``v IS NULL``, and with array_nulls off, ``'{zzz,NULL}'::text[]`` holds the
+    string ``NULL``. The service connection has none of them (the last two PostgreSQL does not
+    report: the service connection reads its own). Every answer must be
     PostgreSQL's; sessions with the defaults keep using sketches. (Found: a session with
     standard_conforming_strings off got 0 groups instead of 25, one with transform_null_equals
-    on 0 instead of 50.)"""
+    on 0 instead of 50, one with array_nulls off 0 instead of 50.)"""
     dsn = str(fresh_db())
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE bs (id int PRIMARY KEY, g int NOT NULL, name text, v int)")
-        c.execute("INSERT INTO bs SELECT i, i % 50, CASE WHEN i % 2 = 0 THEN 'a\\b'"
+        c.execute("INSERT INTO bs SELECT i, i % 50, CASE WHEN i % 5 = 0 THEN 'NULL'"
+                  " WHEN i % 2 = 0 THEN 'a\\b'"
                   " ELSE 'a\\\\b' END, CASE WHEN i % 7 = 0 THEN NULL WHEN i % 2 = 0 THEN 1"
                   " ELSE -1 END FROM generate_series(1, 20000) i")
         c.execute("ANALYZE bs")
@@ -388,8 +391,12 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                  " ORDER BY g")
     null_equals = ("SELECT g, count(*) FROM bs WHERE v = NULL GROUP BY g HAVING count(*) > 0"
                    " ORDER BY g")
+    null_element = ("SELECT g, count(*) FROM bs WHERE name = ANY('{zzz,NULL}'::text[])"
+                    " GROUP BY g HAVING count(*) > 0 ORDER BY g")
+    queries = {"standard_conforming_strings": backslash, "transform_null_equals": null_equals,
+               "array_nulls": null_element}
     for setting in (None, "standard_conforming_strings = off", "transform_null_equals = on",
-                    None):
+                    "array_nulls = off", None):
         with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
                 psycopg.connect(dsn, autocommit=True) as d:
             for c in (p, d):
@@ -398,7 +405,7 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                     c.execute(f"SET {setting}")
             used = int(stats(p)["proxy.used"])
             for n in range(1, 9):   # capture, then use (see the TimeZone test)
-                for q in (backslash, null_equals):
+                for q in queries.values():
                     got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
                     assert got == want, f"{setting}: {q}: {len(got)} groups, not {len(want)}"
                 if n >= 2 and (setting is not None or int(stats(p)["proxy.used"]) > used):
@@ -406,7 +413,7 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
             if setting is None:
                 assert int(stats(p)["proxy.used"]) > used
             else:
-                q = backslash if "strings" in setting else null_equals
+                q = queries[setting.split()[0]]
                 explain = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())
                 assert explain["decision"] == "passthrough", explain
 
