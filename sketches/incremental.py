@@ -75,7 +75,7 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     for what the engine refuses and for float ``sum``/``avg`` arguments."""
     pipeline = compile(analysis, targets, params)
     spec = pipeline.spec
-    _refuse_inheritance(conn, [t.relation for t in spec.tables])
+    _refuse_untracked(conn, [t.relation for t in spec.tables])
     args = [a for f, a in zip(spec.aggs, spec.agg_sql, strict=True)
             if f.func in ("sum", "avg") and a is not None]
     if args:
@@ -93,18 +93,24 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     return pipeline
 
 
-def _refuse_inheritance(conn: Conn, relations: Sequence[str]) -> None:
+def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
     """Raises :class:`NotMaintainable` when a table has inheritance children or partitions:
     a query of the parent reads their rows, but writes made to them directly fire only their
-    own triggers, never the parent's audit (wrong answers, found by testing)."""
+    own triggers, never the parent's audit (wrong answers, found by testing); and for a
+    materialized view, which takes no triggers (REFRESH replaces its rows): without it, its
+    tracking was queued again after every capture and failed in every background round."""
     row = conn.execute(
-        "SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', ')"
+        "SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', '),"
+        " (SELECT string_agg(c.oid::regclass::text, ', ') FROM unnest(%s::text[]) AS m(name)"
+        "  JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(m.name) WHERE c.relkind = 'm')"
         " FROM unnest(%s::text[]) AS r(name)"
         " JOIN pg_catalog.pg_inherits AS h ON h.inhparent = to_regclass(r.name)",
-        (list(relations),)).fetchone()
+        (list(relations), list(relations))).fetchone()
     if row is not None and row[0] is not None:
         raise NotMaintainable(f"{row[0]} has inheritance children or partitions: writes to "
                               "them bypass its audit triggers")
+    if row is not None and row[1] is not None:
+        raise NotMaintainable(f"{row[1]} is a materialized view: REFRESH fires no triggers")
 
 
 def typed_params(conn: Conn, query: str,
