@@ -94,11 +94,16 @@ class PrepareOutcome:
     would run, and why)."""
 
 
-EVALUATION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "standard_conforming_strings")
-"""Settings that change what a query's constants mean (``'2020-01-01'`` as a timestamptz, a
-date's field order, an interval's text, a backslash in ``'a\\b'``: an escape where
-standard_conforming_strings is off); PostgreSQL reports each (ParameterStatus), so a service
-connection knows its own without a query."""
+TEMPORAL_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle")
+"""Settings that change only what date, time and interval text means (``'2020-01-01'`` as a
+timestamptz, a date's field order, an interval's text): a hook that says it
+``handles_other_settings`` serves a session with other values for the queries that read no
+such value."""
+
+EVALUATION_SETTINGS = TEMPORAL_SETTINGS + ("standard_conforming_strings",)
+"""Settings that change what a query's constants mean (the temporal ones; a backslash in
+``'a\\b'``, an escape where standard_conforming_strings is off); PostgreSQL reports each
+(ParameterStatus), so a service connection knows its own without a query."""
 
 UNREPORTED_SETTINGS = ("array_nulls", "transform_null_equals", "timezone_abbreviations",
                        "lc_monetary")
@@ -316,14 +321,17 @@ class Router:
         hook where a capture would run (``IMP EXPLAIN``). ``settings``: the client session's
         ``SESSION_SETTINGS``; when they differ from the service connections', the query
         passes through (a sketch captured or kept under the one need not hold under the
-        other: ``'2020-01-01'`` is another instant in another TimeZone)."""
+        other: ``'2020-01-01'`` is another instant in another TimeZone) — unless only
+        ``TEMPORAL_SETTINGS`` differ and the hook ``handles_other_settings``: then it is
+        asked (never answered from memory) and passes through the queries they concern."""
         known = self._service_settings.get(dbname)
         if settings is not None and known is not None and known != settings:
-            return _settings_differ(settings, known)
+            if self._temporal_only(dbname, settings, known) is None:
+                return _settings_differ(settings, known)
         cached = getattr(self._hook_for(dbname), "prepare_cached", None)
         if cached is None or search_path is None:
             snapshot_text = None  # a hook without it reads the snapshot itself
-        elif snapshot_text is not None and not explain:
+        elif snapshot_text is not None and not explain and known == settings:
             p = cached(sql, params, search_path, snapshot_text)
             if p is not None:
                 self.count("answered_in_memory")
@@ -344,8 +352,11 @@ class Router:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
         with self._service(dbname) as conn:
             reported = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
-            if settings is not None and settings[:len(reported)] != reported:
-                return _settings_differ(settings, reported + settings[len(reported):])
+            if settings is not None:   # the unreported ones are compared after the setup
+                assumed = reported + settings[len(reported):]
+                if settings != assumed and self._temporal_only(dbname, settings,
+                                                               assumed) is None:
+                    return _settings_differ(settings, assumed)
             # one round trip (a simple Query of several statements: no parameters)
             setup = [pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
                      pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot))]
@@ -361,11 +372,14 @@ class Router:
                 row = cur.fetchone()
                 own = reported + tuple(str(v) for v in row or ())
                 self._service_settings[dbname] = own
-                if settings is not None and settings != own:
+                differ = None if settings is None else self._temporal_only(dbname, settings, own)
+                if differ is None and settings is not None and settings != own:
                     conn.execute("ROLLBACK")
                     return _settings_differ(settings, own)
-                p = hook.prepare(conn, sql, params, search_path,
-                                 **({} if snapshot_text is None else {"snapshot": snapshot_text}))
+                kwargs: dict[str, Any] = {} if differ is None else {"settings_differ": differ}
+                if snapshot_text is not None:
+                    kwargs["snapshot"] = snapshot_text
+                p = hook.prepare(conn, sql, params, search_path, **kwargs)
                 prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
@@ -379,6 +393,18 @@ class Router:
                 raise
         return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id, p.instrumented_sql,
                               details)
+
+    def _temporal_only(self, dbname: str, client: tuple[str, ...],
+                       service: tuple[str, ...]) -> str | None:
+        """Why ``client``'s settings are not ``service``'s, when they differ only in
+        ``TEMPORAL_SETTINGS`` and the database's hook serves such sessions (it then passes
+        through the queries that read a date, time or interval); None otherwise (also when
+        they are equal)."""
+        k = len(TEMPORAL_SETTINGS)
+        if client == service or client[k:] != service[k:] or not getattr(
+                self._hook_for(dbname), "handles_other_settings", False):
+            return None
+        return _settings_differ(client, service).reason
 
     def _explain_backend(self, dbname: str, conn: psycopg.Connection[Any], sql: str,
                          params: Sequence[object] | None) -> tuple[tuple[str, object], ...]:

@@ -79,6 +79,9 @@ class Relations:
     reason: str | None
     oids: tuple[int, ...]
     names: tuple[tuple[str, str], ...]
+    settings_free: bool = False
+    """The query means the same whatever the session's TimeZone, DateStyle and IntervalStyle
+    (:data:`_SETTINGS_FREE`)."""
 
 
 def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relations:
@@ -98,13 +101,16 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
     tables = list(analysis.tables)
     if not tables:
         return Relations(None, (), ())
+    read = analysis.columns_read()
+    columns = (tuple((t.index + 1, None) for t in tables) if read is None
+               else tuple((c.table + 1, c.column) for c in read))
     query = _relations_query(tuple((t.schema, t.name) for t in tables),
                              tuple(sorted(analysis.routines | GENERATED_ROUTINES)),
                              tuple(sorted(analysis.operators | GENERATED_OPERATORS)),
-                             tuple(sorted(analysis.types)))
+                             tuple(sorted(analysis.types)), columns)
     oids, names = [0] * len(tables), [("", "")] * len(tables)
-    for i, relkind, rls, oid, schema, name, persistence, shadowing in conn.execute(
-            query, prepare=True).fetchall():
+    rows = conn.execute(query, prepare=True).fetchall()
+    for i, relkind, rls, oid, schema, name, persistence, shadowing, _free in rows:
         if shadowing is not None:
             return Relations(f"{shadowing}: a function or operator the query (or the proxy's "
                              "own SQL) uses may not be PostgreSQL's built-in one", (), ())
@@ -119,7 +125,7 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
             return Relations(f"{t.name} is a temporary table: only the client's session "
                              "can read its rows", (), ())
         oids[int(i) - 1], names[int(i) - 1] = int(oid), (str(schema), str(name))
-    return Relations(None, tuple(oids), tuple(names))
+    return Relations(None, tuple(oids), tuple(names), bool(rows) and rows[0][-1] is True)
 
 
 GENERATED_ROUTINES = frozenset({
@@ -183,9 +189,30 @@ Such a query passes through where the extension's operator is visible; sessions 
 to the built-in ones share sketches. Functions and operators on an extension's types a query
 does not use block nothing (citext's ``max`` does not concern a query of integers)."""
 
+_SETTINGS_FREE = (
+    "(SELECT NOT EXISTS (SELECT FROM ("
+    "  SELECT a.atttypid AS t"
+    "  FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
+    "  JOIN pg_catalog.pg_attribute AS a ON a.attrelid = " + _REGCLASS +
+    "  JOIN unnest({read_tables}::int[], {read_columns}::text[]) AS k(i, c)"
+    "   ON k.i = u.i AND (k.c IS NULL OR k.c = a.attname)"
+    "  WHERE NOT a.attisdropped"
+    "  UNION ALL SELECT to_regtype(c) FROM unnest({types}::text[]) AS c"
+    " ) AS q"
+    " LEFT JOIN pg_catalog.pg_type AS y ON y.oid = q.t"
+    " LEFT JOIN pg_catalog.pg_type AS b ON b.oid = coalesce(nullif(y.typbasetype, 0), y.oid)"
+    " LEFT JOIN pg_catalog.pg_type AS x"
+    "  ON x.oid = CASE WHEN b.typcategory = 'A' THEN b.typelem ELSE b.oid END"
+    " WHERE x.oid IS NULL OR x.typtype NOT IN ('b', 'e') OR (x.typtype = 'b' AND x.oid >= 16384)"
+    "  OR x.typcategory IN ('D', 'T', 'R', 'C')))")
+"""True when no value the query reads is of a type whose text TimeZone, DateStyle or
+IntervalStyle change: the types of the columns it reads and of its casts (through a domain
+and an array) are built-in scalars or enums other than dates, times, intervals, ranges and
+composites. Such a query means the same in every session, whatever those settings."""
+
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
-    " c.relpersistence, {shadowing}"
+    " c.relpersistence, {shadowing}, " + _SETTINGS_FREE +
     " FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = " + _REGCLASS +
     " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
@@ -194,9 +221,12 @@ _RELATIONS = psql.SQL(
 
 @lru_cache(maxsize=256)
 def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple[str, ...],
-                     operators: tuple[str, ...], types: tuple[str, ...]) -> str:
+                     operators: tuple[str, ...], types: tuple[str, ...],
+                     columns: tuple[tuple[int, str | None], ...]) -> str:
     """Kind, row-level security, oid, resolved name and persistence of each table (schema,
-    name; in one round trip, in order).
+    name; in one round trip, in order), with the two checks of the whole query: shadowing
+    (:data:`_SHADOWING`) and :data:`_SETTINGS_FREE` over ``columns`` ((table position from 1,
+    column name or None for all its columns) read) and the casts' ``types``.
 
     Why literals, not parameters: the check runs again after every commit (its cache is per
     snapshot), and a prepared statement without parameters keeps one generic plan, where
@@ -207,8 +237,11 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
     shadowing = _SHADOWING.format(routines=psql.Literal(list(routines)),
                                   operators=psql.Literal(list(operators)),
                                   types=psql.Literal(list(types)), schemas=schemas, names=names)
-    return _RELATIONS.format(schemas=schemas, names=names,
-                             shadowing=shadowing).as_string(None)
+    return _RELATIONS.format(schemas=schemas, names=names, shadowing=shadowing,
+                             types=psql.Literal(list(types)),
+                             read_tables=psql.Literal([i for i, _c in columns]),
+                             read_columns=psql.Literal([c for _i, c in columns])
+                             ).as_string(None)
 
 
 def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,

@@ -35,6 +35,7 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -210,9 +211,14 @@ class SketchManager(IncrementalMaintenance):
 
     # ---- prepare ---------------------------------------------------------------------
 
+    handles_other_settings = True
+    """:meth:`prepare` takes ``settings_differ`` (the proxy asks it for sessions whose
+    TimeZone, DateStyle or IntervalStyle differ from the service connection's)."""
+
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
-                search_path: str | None = None, snapshot: str | None = None) -> Prepared:
+                search_path: str | None = None, snapshot: str | None = None,
+                settings_differ: str | None = None) -> Prepared:
         """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
 
         ``snapshot`` (with ``search_path``): the caller vouches that conn is in a fresh
@@ -220,7 +226,12 @@ class SketchManager(IncrementalMaintenance):
         already set (the proxy: the client's, imported), which saves the round trip that
         would read them. Refusals (unsupported, not sketchable, safety belt) return a
         passthrough; database errors propagate (the caller rolls back and forwards the
-        original query)."""
+        original query).
+
+        ``settings_differ``: why the client session's TimeZone, DateStyle or IntervalStyle
+        are not conn's. Then only a query that means the same under both is served: one that
+        reads no date, time, interval, range or composite value (``Relations.settings_free``)
+        and has no such parameter; any other passes through with this reason."""
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         cls = self.classify(sql)
@@ -234,7 +245,7 @@ class SketchManager(IncrementalMaintenance):
             self._remember_conninfo(conn)
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
-                                        cls.template)
+                                        cls.template, settings_differ)
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and _catalog_gone(exc):
                 self._catalog_lost(exc)
@@ -243,7 +254,8 @@ class SketchManager(IncrementalMaintenance):
 
     def _prepare_locked(self, conn: psycopg.Connection[Any], sql: str,
                         params: Sequence[object] | None, search_path: str | None, path: str,
-                        snapshot: str | None, template: str) -> Prepared:
+                        snapshot: str | None, template: str,
+                        settings_differ: str | None = None) -> Prepared:
         tmpl = self._template(template)
         self._txn.uncommitted = _Uncommitted()
         with tmpl.lock:
@@ -251,7 +263,7 @@ class SketchManager(IncrementalMaintenance):
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     template, tmpl, path, snapshot, key)
+                                     template, tmpl, path, snapshot, key, settings_differ)
             except CaptureError:
                 self._stats["errors"] += 1
                 raise
@@ -370,13 +382,18 @@ class SketchManager(IncrementalMaintenance):
     def _prepare(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
                  tmpl: _Template, search_path: str | None = None,
-                 snapshot: str | None = None, key: Key | None = None) -> Prepared:
+                 snapshot: str | None = None, key: Key | None = None,
+                 settings_differ: str | None = None) -> Prepared:
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
         relations = self._relations(conn, analysis, search_path, snapshot)
         if relations.reason is not None:
             return self._passthrough(relations.reason)
+        if settings_differ is not None and not (relations.settings_free
+                                                and not analysis.calls & TEMPORAL_FUNCTIONS
+                                                and _settings_free_values(params)):
+            return self._passthrough(settings_differ)
         if self.settings.persist:
             self._ensure_catalog(conn)
             if not tmpl.loaded:
@@ -874,6 +891,30 @@ def _catalog_gone(exc: psycopg.Error) -> bool:
         return exc.diag.schema_name == "imp"
     return isinstance(exc, psycopg.errors.UndefinedTable) \
         and '"imp.' in (exc.diag.message_primary or "")
+
+
+TEMPORAL_FUNCTIONS = frozenset({"date_part", "extract", "date_trunc"})
+"""The supported functions that take a date, time or interval. An untyped literal passed to
+one is ambiguous in PostgreSQL 15 (``date_part('month', '01/02/2020')`` is an error); should
+an overload make it resolve, it would be read as a date under the session's DateStyle, so
+queries calling them count as reading such a value."""
+
+_SETTINGS_FREE_TYPES = (type(None), bool, int, float, Decimal, str, bytes)
+"""Parameter values whose meaning no TimeZone, DateStyle or IntervalStyle changes (a text
+value's type comes from the columns and casts around it, which ``Relations.settings_free``
+checks)."""
+
+
+def _settings_free_values(params: Sequence[object] | None) -> bool:
+    """No parameter holds a date, time, interval or other value of a settings-dependent
+    text (lists: each element)."""
+    for v in params or ():
+        if isinstance(v, (list, tuple)):
+            if not _settings_free_values(v):
+                return False
+        elif not isinstance(v, _SETTINGS_FREE_TYPES):
+            return False
+    return True
 
 
 def _values(inst: TemplateInstance) -> tuple[object, ...]:

@@ -110,6 +110,7 @@ class _Analyser:
         self.routines: set[str] = set()
         self.operators: set[str] = set()
         self.types: set[str] = set()
+        self.calls: set[str] = set()
         self.column_cache: dict[int, frozenset[str] | None] = {}
         self.resolved = True
 
@@ -135,7 +136,7 @@ class _Analyser:
             order_by=order_by, limit=self._limit(stmt), distinct=bool(stmt.distinctClause),
             select=select, params=tuple(sorted(self.params)), resolved=self.resolved,
             routines=frozenset(self.routines), operators=frozenset(self.operators),
-            types=frozenset(self.types))
+            types=frozenset(self.types), calls=frozenset(self.calls))
 
     def _check_select(self, stmt: ast.SelectStmt, subquery: bool = False) -> None:
         checks = [
@@ -430,6 +431,7 @@ class _Analyser:
             raise UnsupportedQuery(f"function {'.'.join(names)}")
         if len(names) == 1:
             self.routines.add(name)
+        self.calls.add(name)
         if node.over is not None:
             raise UnsupportedQuery("window function")
         if name in AGGREGATES:

@@ -146,9 +146,25 @@ class QueryAnalysis:
     them up on the search_path)."""
     operators: frozenset[str] = frozenset()
     """Names of the operators the query uses (also looked up on the search_path)."""
+    calls: frozenset[str] = frozenset()
+    """Names of every function and aggregate the query calls, qualified or not."""
     types: frozenset[str] = frozenset()
     """The type names of the query's casts, as written (a name without a schema is looked up
     on the search_path)."""
+
+    def columns_read(self) -> tuple[ColumnRef, ...] | None:
+        """Every base column the query reads, in first-read order; None when it reads them
+        all (``*`` in the select list)."""
+        if any(item.star for item in self.select):
+            return None
+        exprs = [*self.where, *self.group_by, *(a.arg for a in self.aggregates if a.arg),
+                 *(i.expr for i in self.select if i.expr is not None),
+                 *(o.expr for o in self.order_by)]
+        if self.having is not None:
+            exprs.append(self.having)
+        refs = [c for e in exprs for c in e.columns]
+        refs += [c for pair in self.join_equalities for c in pair]
+        return tuple(dict.fromkeys(refs))
 
     @property
     def is_aggregate(self) -> bool:

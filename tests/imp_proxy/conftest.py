@@ -38,10 +38,11 @@ StartProxy = Callable[..., ProxyProcess]
 def start_proxy(admin_dsn: str) -> Iterator[StartProxy]:
     started: list[ProxyProcess] = []
 
-    def start(*args: str, upstream: str | None = None, hook: str | None = None) -> ProxyProcess:
+    def start(*args: str, upstream: str | None = None, hook: str | None = None,
+              sketches: bool = False) -> ProxyProcess:
         extra = list(args)
         if hook is None:
-            if "--no-sketches" not in extra:
+            if "--no-sketches" not in extra and not sketches:
                 extra.append("--no-sketches")
         else:
             extra += ["--hook", hook]

@@ -26,8 +26,8 @@ def jdbc_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def jdbc(classes: Path, url: str, *args: str) -> str:
-    res = subprocess.run(["java", "-cp", f"{JAR}:{classes}", "JdbcCheck", url, *args],
+def jdbc(classes: Path, url: str, *args: str, jvm: tuple[str, ...] = ()) -> str:
+    res = subprocess.run(["java", *jvm, "-cp", f"{JAR}:{classes}", "JdbcCheck", url, *args],
                          capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
     return res.stdout
@@ -90,3 +90,37 @@ def test_jdbc_sketch_wrapping(jdbc_classes: Path, db_dsn: str, start_proxy: Star
         s = dict(c.execute("IMP SHOW STATS").fetchall())
     assert s["proxy.wrapped"] == "6" and s["proxy.fallbacks"] == "0"
     assert s["hook.last_params"] == "[50, 2]"
+
+
+def test_jdbc_in_another_timezone_gets_sketches(jdbc_classes: Path, db_dsn: str,
+                                                start_proxy: StartProxy) -> None:
+    """pgjdbc sets the session's TimeZone from the JVM's. A JVM in Asia/Tokyo against a
+    server in another zone still gets its HAVING query (which reads no date or time) answered
+    through a sketch, with exactly PostgreSQL's rows; its query on a timestamptz column passes
+    through, also exact."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS jtz")
+        c.execute("CREATE TABLE jtz (g int NOT NULL, v int NOT NULL, ts timestamptz NOT NULL)")
+        c.execute("INSERT INTO jtz SELECT i % 500, i % 997, timestamptz '2019-12-31 12:00+00'"
+                  " + i * interval '1 second' FROM generate_series(1, 100000) i")
+        c.execute("ANALYZE jtz")
+        server_zone = str(c.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
+    assert server_zone != "Asia/Tokyo"
+    hooked = start_proxy(sketches=True)
+    jvm = ("-Duser.timezone=Asia/Tokyo",)
+    free = "SELECT g, sum(v) FROM jtz GROUP BY g HAVING sum(v) > 101000 ORDER BY g"
+    dated = ("SELECT g, count(*) FROM jtz WHERE ts < '2020-01-01 00:00' GROUP BY g"
+             " HAVING count(*) > 80 ORDER BY g")
+    for q in (free, dated):
+        direct = jdbc(jdbc_classes, url_for(db_dsn), "repeat", q, "8", jvm=jvm)
+        proxied = jdbc(jdbc_classes, url_for(db_dsn, hooked.port), "repeat", q, "8", jvm=jvm)
+        assert proxied == direct and direct.startswith("timezone Asia/Tokyo\n")
+        with psycopg.connect(via_proxy(db_dsn, hooked.port), autocommit=True,
+                             options="-c TimeZone=Asia/Tokyo") as c:
+            s = dict(c.execute("IMP SHOW STATS").fetchall())
+            decision = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())["decision"]
+        if q == free:
+            assert int(s["proxy.used"]) >= 1, s
+            assert decision == "use", decision
+        else:
+            assert decision == "passthrough", decision

@@ -1,6 +1,6 @@
 // Exercises pgjdbc against a server (directly or through the IMP proxy) and prints a
 // deterministic transcript; tests/imp_proxy/test_jdbc.py compares the two transcripts.
-// Usage: java -cp postgresql.jar:. JdbcCheck <jdbc-url> basic|concurrent|cancel
+// Usage: java -cp postgresql.jar:. JdbcCheck <jdbc-url> basic|concurrent|cancel|probe|repeat
 import java.math.BigDecimal;
 import java.sql.*;
 import java.util.*;
@@ -15,6 +15,7 @@ public class JdbcCheck {
             case "concurrent": concurrent(url, Integer.parseInt(args[2])); break;
             case "cancel": cancel(url); break;
             case "probe": probe(url); break;
+            case "repeat": repeat(url, args[2], Integer.parseInt(args[3])); break;
             default: throw new IllegalArgumentException(args[1]);
         }
     }
@@ -131,6 +132,34 @@ public class JdbcCheck {
                     while (rs.next()) {
                         sb.append(' ').append(rs.getInt(1)).append('/').append(rs.getLong(2))
                           .append('/').append(rs.getLong(3));
+                    }
+                    System.out.println(sb);
+                }
+            }
+        }
+    }
+
+    // Runs one query n times as a PreparedStatement (server-prepared after prepareThreshold)
+    // and prints each result as text; also the session's TimeZone, which pgjdbc sets from the
+    // JVM's.
+    static void repeat(String url, String sql, int n) throws Exception {
+        try (Connection c = DriverManager.getConnection(url);
+             PreparedStatement ps = c.prepareStatement(sql)) {
+            try (Statement s = c.createStatement();
+                 ResultSet rs = s.executeQuery("SELECT current_setting('TimeZone')")) {
+                rs.next();
+                System.out.println("timezone " + rs.getString(1));
+            }
+            for (int k = 0; k < n; k++) {
+                try (ResultSet rs = ps.executeQuery()) {
+                    StringBuilder sb = new StringBuilder("run " + k + ":");
+                    int cols = rs.getMetaData().getColumnCount();
+                    while (rs.next()) {
+                        sb.append(" (");
+                        for (int i = 1; i <= cols; i++) {
+                            sb.append(i > 1 ? "," : "").append(rs.getString(i));
+                        }
+                        sb.append(')');
                     }
                     System.out.println(sb);
                 }

@@ -369,6 +369,45 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
                 assert int(stats(p)["proxy.used"]) > 0
 
 
+@pytest.mark.parametrize("setting", ["TimeZone = 'Asia/Tokyo'", "DateStyle = 'SQL, DMY'",
+                                     "IntervalStyle = 'sql_standard'"])
+def test_a_session_in_another_timezone_uses_sketches_for_queries_without_dates(
+        fresh_db: Any, sketch_proxy: ProxyProcess, setting: str) -> None:
+    """pgjdbc sends the JVM's TimeZone: a session whose TimeZone, DateStyle or IntervalStyle
+    differs from the service connection's still gets sketches for queries that read no date,
+    time or interval (a timestamptz column the query does not read does not count), shared
+    with the other sessions and maintained across writes; its queries that read one pass
+    through. Every answer is PostgreSQL's."""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE ez (g int NOT NULL, v int NOT NULL, ts timestamptz NOT NULL)")
+        c.execute("INSERT INTO ez SELECT i % 500, i % 997, timestamptz '2019-12-31 12:00+00'"
+                  " + i * interval '1 second' FROM generate_series(1, 100000) i")
+        c.execute("ANALYZE ez")
+    free = "SELECT g, sum(v) FROM ez GROUP BY g HAVING sum(v) > 101000 ORDER BY g"
+    dated = ("SELECT g, count(*) FROM ez WHERE ts < '2020-01-01 00:00' GROUP BY g"
+             " HAVING count(*) > 80 ORDER BY g")
+    for other in (False, True, False, True):
+        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            for c in (p, d):
+                if other:
+                    c.execute(f"SET {setting}")
+            used = int(stats(p)["proxy.used"])
+            for n in range(1, 9):   # capture, then use (see the TimeZone test)
+                for q in (free, dated):
+                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
+                    assert got == want, f"{setting if other else 'default'}: {q}"
+                d.execute("UPDATE ez SET v = v + 1 WHERE g = %s", (n,))
+                if n >= 2 and int(stats(p)["proxy.used"]) > used:
+                    break
+            assert int(stats(p)["proxy.used"]) > used, setting if other else "default"
+            decisions = {q: dict(p.execute(f"IMP EXPLAIN {q}").fetchall())["decision"]
+                         for q in (free, dated)}
+            assert decisions[free] in ("use", "capture"), decisions
+            assert (decisions[dated] == "passthrough") is other, decisions
+
+
 def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
         fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """Three session settings change what a query's text means: with standard_conforming_strings

@@ -21,6 +21,10 @@ def conn(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
         c.execute('CREATE TABLE lk."Guarded" (id int, pid int, w int)')
         c.execute('ALTER TABLE lk."Guarded" ENABLE ROW LEVEL SECURITY')
         c.execute("CREATE VIEW lk.shown AS SELECT id, g, v FROM lk.plain")
+        c.execute("CREATE TYPE lk.mood AS ENUM ('a', 'b')")
+        c.execute("CREATE DOMAIN lk.pint AS int")
+        c.execute("CREATE DOMAIN lk.stamp AS timestamptz")
+        c.execute("CREATE TYPE lk.pair AS (a int, t timestamp)")
         yield c
         c.execute("DROP SCHEMA lk CASCADE")
 
@@ -99,3 +103,30 @@ def test_relations_name_the_tables_the_session_resolves(conn: psycopg.Connection
         conn.execute("DROP TABLE IF EXISTS pg_temp.plain")
         conn.execute("RESET search_path")
         conn.execute("DROP TABLE public.plain")
+
+
+@pytest.mark.parametrize(("sql", "free"), [
+    ("SELECT g, sum(v) FROM lk.mixed GROUP BY g HAVING sum(v) > 3", True),
+    ("SELECT g, count(*) FROM lk.mixed WHERE m = 'a' AND p > 3 AND n <> 'x' AND j IS NOT NULL"
+     " GROUP BY g", True),
+    ("SELECT g, count(*) FROM lk.mixed WHERE n::int > 3 GROUP BY g", True),
+    ("SELECT g, count(*) FROM lk.mixed WHERE ts > '2020-01-01' GROUP BY g", False),
+    ("SELECT g, max(d) FROM lk.mixed GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed GROUP BY g HAVING max(dd) IS NOT NULL", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE da IS NULL GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE iv IS NULL GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE tr IS NULL GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE c IS NULL GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE n::date IS NULL GROUP BY g", False),
+    ("SELECT g, count(*) FROM lk.mixed WHERE n = interval '1 day'::text GROUP BY g", False),
+    ("SELECT * FROM lk.mixed ORDER BY g LIMIT 3", False),
+])
+def test_settings_free_queries_read_no_date_time_or_interval(
+        conn: psycopg.Connection[Any], sql: str, free: bool) -> None:
+    """A query means the same whatever the session's TimeZone, DateStyle and IntervalStyle
+    when no column it reads and no cast it makes is of a date, time, interval, range or
+    composite type (through a domain or an array); columns it does not read do not count."""
+    conn.execute("CREATE TABLE IF NOT EXISTS lk.mixed (g int, v numeric, n text, j jsonb,"
+                 " m lk.mood, p lk.pint, ts timestamptz, d date, dd lk.stamp, da date[],"
+                 " iv interval, tr tstzrange, c lk.pair)")
+    assert lookup.relations(conn, analyse(sql, lookup.resolver(conn))).settings_free is free
