@@ -16,8 +16,9 @@ ORDER BY … LIMIT with ties over numbers). Every read is a JDBC query split int
 sketch attribute (``a >= lo AND a < hi``; NULLs with the last run), so text and date attributes
 partition as well as integers. Every JDBC connection first runs ``BEGIN ISOLATION LEVEL
 REPEATABLE READ; SET TRANSACTION SNAPSHOT '<id>'`` with a snapshot exported from the caller's
-connection: Spark reads exactly the data the caller's transaction sees, and the sketch's version
-is that snapshot.
+connection, and takes the caller's search_path, TimeZone, DateStyle and IntervalStyle
+(:data:`JDBC_SETTINGS`): Spark reads exactly the data the caller's transaction sees, filtered
+as the caller reads its constants, and the sketch's version is that snapshot.
 
 Values that come back to Python (state building, ΔR⋈S') are those PostgreSQL computed, except
 aggregates: ``sum`` is converted to PostgreSQL's result type (``sum(int8)`` is numeric).
@@ -92,6 +93,25 @@ _VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1043, 1082, 1114, 1700
 _EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _VARCHAR, _DATE,
                           _TIMESTAMP, _NUMERIC})  # not char(n): Spark's read-side padding
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
+JDBC_SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle")
+"""Settings the JDBC connections take from the caller's transaction (``SET LOCAL``): their
+pushed-down filters must read constants as the caller does (pgjdbc starts with the JVM's
+TimeZone and DateStyle ISO; a date compared with ``'…+00'::timestamptz`` or with
+``'03/01/2020'`` depends on them). Found: a capture through Spark missed two of four
+fragments for a caller in Pacific/Kiritimati."""
+
+
+def _for_jdbc(name: str, value: object) -> str:
+    """``value`` of setting ``name`` as a JDBC connection may take it: pgjdbc refuses a
+    DateStyle whose output style is not ISO, and only the field order (``DMY``…) changes
+    how input is read."""
+    text = str(value)
+    if name == "DateStyle":   # PostgreSQL shows both parts: "SQL, DMY"
+        order = text.partition(",")[2].strip()
+        return f"ISO, {order}" if order else "ISO"
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,13 +404,20 @@ class SparkBackend:
     @contextmanager
     def _snapshot(self, conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
         """``(session init statement, version)``: the caller's snapshot exported for the
-        JDBC connections; the caller's transaction stays open while Spark reads."""
+        JDBC connections, with the caller's :data:`JDBC_SETTINGS`; the caller's transaction
+        stays open while Spark reads."""
         with snapshot_transaction(conn):
-            row = conn.execute(
-                "SELECT pg_export_snapshot(), pg_current_snapshot()::text").fetchone()
+            row = conn.execute(sql.SQL(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, {}").format(
+                    sql.SQL(", ").join(sql.SQL("current_setting({})").format(sql.Literal(n))
+                                       for n in JDBC_SETTINGS))).fetchone()
             assert row is not None
             init = sql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-                           "SET TRANSACTION SNAPSHOT {}").format(sql.Literal(str(row[0])))
+                           "SET TRANSACTION SNAPSHOT {}; SELECT {}").format(
+                sql.Literal(str(row[0])), sql.SQL(", ").join(
+                    sql.SQL("set_config({}, {}, true)").format(sql.Literal(n),
+                                                               sql.Literal(_for_jdbc(n, v)))
+                    for n, v in zip(JDBC_SETTINGS, row[2:], strict=True)))
             yield init.as_string(conn), str(row[1])
 
     def _jdbc(self, conn: psycopg.Connection[Any]) -> tuple[str, dict[str, str]]:

@@ -180,3 +180,32 @@ def test_timestamps_varchar_and_refused_types(conn: psycopg.Connection[Any],
         analysis, targets = targets_for(conn, text, 4)
         with pytest.raises(BackendUnsupported):
             spark_backend.build_state(conn, analysis, targets)
+
+
+def test_spark_reads_constants_as_the_caller_does(conn: psycopg.Connection[Any],
+                                                  spark_backend: SparkBackend) -> None:
+    """The JDBC connections take the caller's TimeZone and DateStyle: a date compared with a
+    timestamptz, or with a date written day first, means what it means on the caller's
+    connection (pgjdbc starts its sessions in the JVM's TimeZone, DateStyle ISO)."""
+    load(conn, [(g, "x", dt.date(2020, 1, 1) + dt.timedelta(days=g * 37 % 70), g % 7, None)
+                for g in range(140)], 0)   # adjacent dates in distant groups
+    texts = ["SELECT r.g, sum(r.v) FROM r WHERE r.d < '2020-01-02 00:00+00'::timestamptz"
+             " GROUP BY r.g HAVING sum(r.v) >= 0",
+             "SELECT r.g, sum(r.v) FROM r WHERE r.d < '03/01/2020' GROUP BY r.g"
+             " HAVING sum(r.v) >= 0"]
+    seen: list[list[list[int]]] = []
+    conn.execute("SET TimeZone = 'Pacific/Kiritimati'")
+    conn.execute("SET DateStyle = 'SQL, DMY'")
+    try:
+        for text in texts:
+            analysis, targets = targets_for(conn, text, 8)
+            expected = PG.capture(conn, text, analysis, targets)
+            got = spark_backend.capture(conn, text, analysis, targets)
+            assert fragments_of(got) == fragments_of(expected), text
+            seen.append(fragments_of(expected))
+    finally:
+        conn.execute("RESET TimeZone")
+        conn.execute("RESET DateStyle")
+    for text, caller in zip(texts, seen, strict=True):   # the settings matter to these
+        analysis, targets = targets_for(conn, text, 8)
+        assert fragments_of(PG.capture(conn, text, analysis, targets)) != caller, text
