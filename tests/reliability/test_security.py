@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -644,6 +645,17 @@ def test_a_role_with_column_privileges_only_gets_what_postgresql_gives(
                 assert explain["decision"] in ("use", "capture"), explain
 
 
+@contextmanager
+def _sessions_on_path(dsn: str, port: int, path: str
+                      ) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+    """A session through the proxy and one directly on PostgreSQL, both on ``path``."""
+    with psycopg.connect(via_proxy(dsn, port), autocommit=True) as p, \
+            psycopg.connect(dsn, autocommit=True) as d:
+        for c in (p, d):
+            c.execute(sql.SQL("SET search_path = {}").format(sql.SQL(path)))
+        yield p, d
+
+
 def test_functions_that_resolve_before_pg_catalog_never_use_a_sketch(
         fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """A session's search_path can make ``sum`` or ``round`` mean a function of its own: a
@@ -668,10 +680,7 @@ def test_functions_that_resolve_before_pg_catalog_never_use_a_sketch(
     queries = ["SELECT g, sum(v) FROM ft GROUP BY g HAVING sum(v) > 101000 ORDER BY g",
                "SELECT g, count(*) FROM ft GROUP BY g HAVING max(round(v)) > 998 ORDER BY g"]
     for path in ("public", "mine, pg_catalog, public", "pg_catalog, mine, public", "public"):
-        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
-                psycopg.connect(dsn, autocommit=True) as d:
-            for c in (p, d):
-                c.execute(sql.SQL("SET search_path = {}").format(sql.SQL(path)))
+        with _sessions_on_path(dsn, sketch_proxy.port, path) as (p, d):
             for q in queries:
                 for _ in range(3):
                     got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
@@ -708,10 +717,7 @@ def test_an_extensions_operators_serve_only_the_sessions_that_see_them(
                " HAVING sum(v) > 0 ORDER BY g"]
     decisions = []
     for path in ("public, ext", "public", "ext, public", "public"):
-        with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
-                psycopg.connect(dsn, autocommit=True) as d:
-            for c in (p, d):
-                c.execute(sql.SQL("SET search_path = {}").format(sql.SQL(path)))
+        with _sessions_on_path(dsn, sketch_proxy.port, path) as (p, d):
             for q in queries:
                 for i in range(3):
                     got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
