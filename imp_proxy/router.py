@@ -323,16 +323,20 @@ class Router:
         passes through (a sketch captured or kept under the one need not hold under the
         other: ``'2020-01-01'`` is another instant in another TimeZone) — unless only
         ``TEMPORAL_SETTINGS`` differ and the hook ``handles_other_settings``: then it is
-        asked (never answered from memory) and passes through the queries they concern."""
+        asked (from memory only with an answer for a query those settings do not concern)
+        and passes through the queries they concern."""
         known = self._service_settings.get(dbname)
+        relaxed = False
         if settings is not None and known is not None and known != settings:
             if self._temporal_only(dbname, settings, known) is None:
                 return _settings_differ(settings, known)
+            relaxed = True
         cached = getattr(self._hook_for(dbname), "prepare_cached", None)
         if cached is None or search_path is None:
             snapshot_text = None  # a hook without it reads the snapshot itself
-        elif snapshot_text is not None and not explain and known == settings:
-            p = cached(sql, params, search_path, snapshot_text)
+        elif snapshot_text is not None and not explain and (known == settings or relaxed):
+            p = cached(sql, params, search_path, snapshot_text,
+                       **({"settings_differ": True} if relaxed else {}))
             if p is not None:
                 self.count("answered_in_memory")
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,

@@ -59,6 +59,9 @@ class Answer:
     state: tuple[tuple[int, str], ...]
     strategy: str
     values: Hashable  # what ``Template.note_values`` counts for the query
+    settings_free: bool = False
+    """The query means the same whatever the session's TimeZone, DateStyle and IntervalStyle
+    (``SketchManager.prepare``'s ``settings_differ``)."""
 
     def holds(self, snapshot: str, strategy_of: Callable[[Entry], str]) -> Entry | None:
         """The answer's sketch if it still answers in ``snapshot`` (the caller holds the

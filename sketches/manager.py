@@ -327,15 +327,17 @@ class SketchManager(IncrementalMaintenance):
         return str(row[0]), snapshot
 
     def prepare_cached(self, sql: str, params: Sequence[object] | None, search_path: str,
-                       snapshot: str) -> Prepared | None:
+                       snapshot: str, settings_differ: bool = False) -> Prepared | None:
         """:meth:`prepare`'s answer for a query run in ``snapshot`` (``pg_current_snapshot()``
         text) with ``search_path``, when an earlier call in that same snapshot answered it
         with a sketch needing nothing from the database (``sketches.answers``); None: call
         :meth:`prepare`. Never blocks (a template busy elsewhere is a None) and touches no
-        database, so it may run on the proxy's event loop."""
+        database, so it may run on the proxy's event loop. ``settings_differ``: the session's
+        TimeZone, DateStyle or IntervalStyle are not the service connection's (only an answer
+        for a query that reads no date, time or interval serves it)."""
         key = answer_key(sql, params, search_path)
         answer = None if key is None or not self.settings.enabled else self._answers.get(key)
-        if answer is None:
+        if answer is None or (settings_differ and not answer.settings_free):
             return None
         tmpl = answer.template
         if not tmpl.lock.acquire(blocking=False):
@@ -358,15 +360,17 @@ class SketchManager(IncrementalMaintenance):
         self._count("uses")
 
     def _remember(self, key: Key | None, snapshot: str | None, tmpl: _Template,
-                  entry: _Entry, inst: TemplateInstance) -> None:
+                  entry: _Entry, inst: TemplateInstance, settings_free: bool) -> None:
         """Keeps a "use" answer for :meth:`prepare_cached` (the caller holds the template
-        lock): only of a sketch for the query's own values, maintained by the engine."""
+        lock): only of a sketch for the query's own values, maintained by the engine;
+        ``settings_free``: it may also answer sessions with other TimeZone, DateStyle and
+        IntervalStyle."""
         if key is None or snapshot is None or self._custom \
                 or not _same_values(entry.instance, inst):
             return
         strategy = self.strategy_of(entry)
         answer = Answer(snapshot, tmpl, weakref.ref(entry), template_state(tmpl), strategy,
-                        _values(inst))
+                        _values(inst), settings_free)
         if strategy in ("lazy", "eager") and answer.holds(snapshot, self.strategy_of):
             self._answers.remember(key, answer)
 
@@ -390,9 +394,9 @@ class SketchManager(IncrementalMaintenance):
         relations = self._relations(conn, analysis, search_path, snapshot)
         if relations.reason is not None:
             return self._passthrough(relations.reason)
-        if settings_differ is not None and not (relations.settings_free
-                                                and not analysis.calls & TEMPORAL_FUNCTIONS
-                                                and _settings_free_values(params)):
+        free = (relations.settings_free and not analysis.calls & TEMPORAL_FUNCTIONS
+                and _settings_free_values(params))
+        if settings_differ is not None and not free:
             return self._passthrough(settings_differ)
         if self.settings.persist:
             self._ensure_catalog(conn)
@@ -419,7 +423,7 @@ class SketchManager(IncrementalMaintenance):
                 entry.instrumented.clear()
             self._note_use(entry)
             prepared = self._finish("use", sql, entry)
-            self._remember(key, snapshot, tmpl, entry, inst)
+            self._remember(key, snapshot, tmpl, entry, inst, free)
             return prepared
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
