@@ -47,9 +47,12 @@ class ProxyProcess:
 def launch_proxy(upstream: str | None, *args: str, log_level: str = "INFO",
                  timeout: float = 60.0) -> ProxyProcess:
     """Starts ``python -m imp_proxy serve`` on a free port and waits until it listens
-    (``upstream=None``: the proxy's embedded PostgreSQL)."""
+    (``upstream=None``: the proxy's embedded PostgreSQL). Its log goes to a new file in
+    ``$IMP_PROXY_LOG_DIR`` (the test suite points it at pytest's temporary directory, which
+    keeps the last three runs), else in the system's temporary directory."""
     up = ["--upstream", upstream] if upstream is not None else []
-    log = Path(tempfile.mkstemp(prefix="imp-proxy-", suffix=".log")[1])
+    log = Path(tempfile.mkstemp(prefix="imp-proxy-", suffix=".log",
+                                dir=os.environ.get("IMP_PROXY_LOG_DIR"))[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     with open(log, "wb") as out:

@@ -67,6 +67,19 @@ def conn(db_dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
         yield c
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _proxy_logs_in_pytest_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Logs of the proxies the tests start go under pytest's temporary directory (which keeps
+    the last three runs) instead of piling up in /tmp."""
+    old = os.environ.get("IMP_PROXY_LOG_DIR")
+    os.environ["IMP_PROXY_LOG_DIR"] = str(tmp_path_factory.mktemp("proxy-logs"))
+    yield
+    if old is None:
+        os.environ.pop("IMP_PROXY_LOG_DIR", None)
+    else:
+        os.environ["IMP_PROXY_LOG_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
 def _close_sketch_managers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Stops the background thread of every SketchManager a test creates: it would otherwise
