@@ -173,13 +173,26 @@ def thin(values: Sequence[Any], count: int) -> list[Any]:
     return out
 
 
+_NOT_FINITE = "('infinity', '-infinity', 'Infinity', '-Infinity', 'NaN')"
+"""The text of values Python cannot hold (dates and timestamps of ±infinity) or order
+(numeric and float NaN). They are never bounds: PostgreSQL orders them first or last, so
+the partition's first or last fragment holds them."""
+
+
+def _finite(array: sql.Composable) -> sql.Composable:
+    """SQL for the elements of ``array`` (a typed array) that are not :data:`_NOT_FINITE`."""
+    return sql.SQL("ARRAY(SELECT x FROM unnest({}) AS x WHERE x::text NOT IN {})").format(
+        array, sql.SQL(_NOT_FINITE))
+
+
 def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
-    """Histogram bounds and most common values of the column, typed, NULL-free."""
+    """Histogram bounds and most common values of the column, typed, NULL-free, finite."""
     typed = sql.SQL(info.type_name)
     row = conn.execute(
-        sql.SQL("SELECT histogram_bounds::text::{t}[], most_common_vals::text::{t}[]"
-                " FROM pg_stats WHERE schemaname = %s AND tablename = %s AND attname = %s"
-                ).format(t=typed),
+        sql.SQL("SELECT {}, {} FROM pg_stats WHERE schemaname = %s AND tablename = %s"
+                " AND attname = %s").format(
+            _finite(sql.SQL("histogram_bounds::text::{}[]").format(typed)),
+            _finite(sql.SQL("most_common_vals::text::{}[]").format(typed))),
         (info.schema, info.table, info.column)).fetchone()
     if row is None:
         return []
@@ -249,10 +262,10 @@ def build_partition(conn: psycopg.Connection[Any], schema: str, table: str, colu
 
 def _exact_quantiles(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> list[Any]:
     fractions = [i / (wanted + 1) for i in range(1, wanted + 1)]
-    row = conn.execute(
-        sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {}) FROM {}").format(
-            sql.Identifier(info.column), sql.Identifier(info.schema, info.table)),
-        (fractions,)).fetchone()
+    quantiles = sql.SQL("(SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {})"
+                        " FROM {})").format(sql.Identifier(info.column),
+                                            sql.Identifier(info.schema, info.table))
+    row = conn.execute(sql.SQL("SELECT {}").format(_finite(quantiles)), (fractions,)).fetchone()
     if row is None or row[0] is None:
         return []
     return sorted({v for v in row[0] if v is not None})

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ from psycopg import sql
 from sketches import deltas
 from sketches.ivm import partials
 from sketches.ivm.codec import Json
-from sketches.ivm.errors import Invalidated, PipelineBroken, StateFormatError
+from sketches.ivm.errors import Invalidated, NotMaintainable, PipelineBroken, StateFormatError
 from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.aggregate import Aggregate, HavingTest
 from sketches.ivm.ops.distinct import Distinct
@@ -57,6 +58,20 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 Conn = psycopg.Connection[Any]
+
+
+@contextmanager
+def _python_values() -> Iterator[None]:
+    """Refuses, as :class:`NotMaintainable`, a value psycopg cannot load into Python (a
+    timestamp or date of ±infinity, a year past 9999): such a client-side DataError (no
+    SQLSTATE) leaves the transaction usable, and the sketch then recaptures (PostgreSQL
+    computes it). Without this, every query of the sketch failed its preparation anew."""
+    try:
+        yield
+    except psycopg.DataError as exc:
+        if exc.sqlstate is not None:
+            raise
+        raise NotMaintainable(f"a value Python cannot hold: {exc}") from exc
 
 
 def _test(having: Having | None) -> HavingTest | None:
@@ -277,7 +292,8 @@ class Pipeline:
         self._queries = None
         self._conn = conn
         try:
-            out = self._initial_output(seed)
+            with _python_values():
+                out = self._initial_output(seed)
             self.merge.step(out)
             self._build_filters()
         finally:
@@ -529,7 +545,8 @@ class Pipeline:
             raise PipelineBroken("an earlier maintenance failed: rebuild or restore the state")
         if self.version is None:
             raise PipelineBroken("no state: call build_state or restore first")
-        current, rows, extra = self._read_deltas(conn, self.version, also)
+        with _python_values():
+            current, rows, extra = self._read_deltas(conn, self.version, also)
         return DeltaRead(self.version, current, rows, extra)
 
     def apply(self, conn: Conn, read: DeltaRead) -> SketchDelta:
@@ -567,7 +584,8 @@ class Pipeline:
         self._conn = conn
         self.broken = True
         try:
-            change = step()
+            with _python_values():   # refills read values
+                change = step()
         finally:
             self._conn = None
         self.broken = False

@@ -220,6 +220,15 @@ class SumAcc:
         self.nonnull = int(data[1])
 
 
+def _check_orderable(value: object) -> None:
+    """Raises :class:`NotMaintainable` for a value whose Python order is not PostgreSQL's:
+    text (collations) and NaN (PostgreSQL puts it after every number; Python's comparisons of
+    a NaN are false, or raise for a Decimal)."""
+    if isinstance(value, (str, bytes)) or (isinstance(value, (float, Decimal))
+                                           and value != value):
+        raise NotMaintainable(f"min/max over {value!r} is not maintained")
+
+
 class ValueBuffer:
     """Sorted multiset of the values of one group for min (``descending=False``) or max.
 
@@ -250,8 +259,7 @@ class ValueBuffer:
     def add(self, value: Any, weight: int) -> None:
         if value is None or weight == 0:
             return
-        if isinstance(value, (str, bytes)) or (isinstance(value, float) and value != value):
-            raise NotMaintainable(f"min/max over {type(value).__name__} is not maintained")
+        _check_orderable(value)
         nonnull = self.nonnull = self.nonnull + weight
         if nonnull < 0:
             raise InconsistentDelta("min/max: non-NULL count below zero")
@@ -297,6 +305,7 @@ class ValueBuffer:
         self.values = SortedDict()
         for v, m in values:
             if v is not None and m:
+                _check_orderable(v)
                 self.values[v] = self.values.get(v, 0) + m
         self.complete = complete or not self.values
         if not self.complete:

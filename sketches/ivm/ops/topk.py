@@ -84,7 +84,7 @@ def order_key(row: Row, order: Sequence[OrderItem]) -> tuple[object, ...]:
     parts: list[object] = []
     for item in order:
         v = row[item.col]
-        if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
+        if isinstance(v, str | bytes) or (isinstance(v, float | Decimal) and v != v):
             raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
         if v is None:
             parts.append((0 if item.nulls_go_first else 2, 0))
@@ -107,7 +107,7 @@ def order_key_function(order: Sequence[OrderItem]) -> Callable[[Row], tuple[obje
             if v is None:
                 parts.append(null_part)
                 continue
-            if isinstance(v, str | bytes) or (isinstance(v, float) and v != v):
+            if isinstance(v, str | bytes) or (isinstance(v, float | Decimal) and v != v):
                 raise NotMaintainable(f"ORDER BY on {type(v).__name__} values is not maintained")
             parts.append((1, _desc(v) if descending else v))
         return tuple(parts)
