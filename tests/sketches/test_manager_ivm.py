@@ -330,6 +330,35 @@ def test_values_python_cannot_hold_or_order_recapture(db: str, sql: str) -> None
             m.close()
 
 
+def test_interval_values_are_not_maintained(db: str) -> None:
+    """psycopg loads interval '1 year' as 365 days; PostgreSQL compares it as 360, so '1 year'
+    and '360 days' are one group there. Maintained in Python they were two groups, and the
+    sketch of ``HAVING count(*) > 120`` missed the group once '360 days' rows pushed it over
+    (found: 0 rows instead of 1). Such queries recapture."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS ivl")
+        c.execute("CREATE TABLE ivl (id serial PRIMARY KEY, x interval, v int)")
+        c.execute("INSERT INTO ivl (x, v) SELECT interval '1 year', 1"
+                  " FROM generate_series(1, 100)")
+        c.execute("INSERT INTO ivl (x, v) SELECT (i % 20) * interval '10 days', 1"
+                  " FROM generate_series(1, 1200) i")
+        c.execute("ANALYZE ivl")
+        c.execute("SELECT imp.track_table('ivl'::regclass)")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            q = "SELECT x, count(*) FROM ivl GROUP BY x HAVING count(*) > 120 ORDER BY x"
+            sizes = []
+            for _ in range(5):
+                p = check(m, c, q, None, as_text=("interval",))
+                sizes.append(len(c.execute(q).fetchall()))
+                c.execute("INSERT INTO ivl (x, v) SELECT interval '360 days', 1"
+                          " FROM generate_series(1, 10)")
+            assert sizes == [0, 0, 0, 1, 1]   # the group crossed the threshold
+            assert entry_of(m, p.sketch_id)["strategy"] == "recapture"
+        finally:
+            m.close()
+
+
 def test_truncate_invalidates_and_recaptures(conn: Conn) -> None:
     conn.execute("CREATE TABLE tt (g int, v int)")
     conn.execute("INSERT INTO tt SELECT i % 10, i FROM generate_series(1, 500) i")
