@@ -244,14 +244,14 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
                              ).as_string(None)
 
 
-def prefer_indexed(conn: psycopg.Connection[Any], schema: str, table: str,
-                    attrs: Sequence[SafeAttribute]) -> SafeAttribute:
-    """The first safe attribute that leads an index (the skipping predicate can use it),
-    else the first one."""
+def by_preference(conn: psycopg.Connection[Any], schema: str, table: str,
+                  attrs: Sequence[SafeAttribute]) -> list[SafeAttribute]:
+    """The safe attributes, those that lead an index first (the skipping predicate can use
+    it), each group in the given order."""
     rows = conn.execute(
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
         " ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
         " WHERE i.indrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass",
         (schema, table)).fetchall()
     indexed = {r[0] for r in rows}
-    return next((a for a in attrs if a.column.column in indexed), attrs[0])
+    return sorted(attrs, key=lambda a: a.column.column not in indexed)

@@ -45,7 +45,7 @@ from sketches.answers import Answer, Answers, Key, answer_key, query_key, templa
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
 from sketches.capture import CaptureTarget
-from sketches.errors import CaptureError, SketchError, UnsupportedQuery
+from sketches.errors import CaptureError, PartitionError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
@@ -55,7 +55,7 @@ from sketches.maintained import Entry as _Entry
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
-from sketches.safety import Safety, check
+from sketches.safety import SafeAttribute, Safety, check
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.template import TemplateInstance, instance, reusable
@@ -655,13 +655,27 @@ class SketchManager(IncrementalMaintenance):
             if resolved is None:
                 continue
             schema, name = resolved
-            attr = lookup.prefer_indexed(conn, schema, name, attrs)
-            partition, nullable = self._partition(conn, schema, name, attr.column.column)
-            targets.append(CaptureTarget(table, schema, attr.column.column, partition,
-                                         nullable))
+            targets.append(self._target(conn, table, schema, name,
+                                        lookup.by_preference(conn, schema, name, attrs)))
         if not targets:
             raise SketchError("no sketchable base table (views or unknown relations)")
         return targets
+
+    def _target(self, conn: psycopg.Connection[Any], table: TableRef, schema: str, name: str,
+                attrs: Sequence[SafeAttribute]) -> CaptureTarget:
+        """The first of ``attrs`` (best first) whose range partition can be built; raises the
+        last attribute's PartitionError when none can (e.g. enums: psycopg cannot load
+        their values)."""
+        failed: PartitionError | None = None
+        for attr in attrs:
+            try:
+                partition, nullable = self._partition(conn, schema, name, attr.column.column)
+            except PartitionError as exc:
+                failed = exc
+                continue
+            return CaptureTarget(table, schema, attr.column.column, partition, nullable)
+        assert failed is not None
+        raise failed
 
     def _partition(self, conn: psycopg.Connection[Any], schema: str, table: str,
                    column: str) -> tuple[RangePartition, bool]:

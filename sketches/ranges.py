@@ -18,8 +18,9 @@ column's collation, Python compares code points. The two agree for the ``C`` col
 byte order is code point order), which is what the project's clusters use (``initdb
 --locale=C``). Under a linguistic collation the SQL side is still self-consistent (capture and
 skipping predicate use the same comparison, so results stay exact), but ``fragment_of`` may
-disagree with SQL near bounds. Floating point columns: NaN is ordered last by PostgreSQL and is
-incomparable in Python; avoid partitions on columns holding NaN.
+disagree with SQL near bounds. NaN and ±infinity are never bounds (PostgreSQL orders them
+first or last, so the first or last fragment holds them). Columns of types psycopg does not
+load (enums, user-created and extension types) are not partitioned: PartitionError.
 
 Bounds come from ``pg_stats`` (the equi-depth histogram plus the most common values) after
 ``ANALYZE``; when more fragments are wanted than the histogram has, the column's statistics
@@ -135,6 +136,9 @@ class ColumnInfo:
     type_name: str
     not_null: bool
     stats_target: int
+    value_type: str = ""
+    """The type its values are loaded as: its own, or a domain's base type ("" when psycopg
+    does not know it: an enum, a user-created or extension type, a domain over one)."""
 
 
 def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
@@ -142,9 +146,12 @@ def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
     """Type and statistics target of ``schema.table.column``; raises PartitionError if absent."""
     row = conn.execute(
         "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget,"
-        " coalesce(co.collisdeterministic, true)"
+        " coalesce(co.collisdeterministic, true),"
+        " CASE WHEN b.oid < 16384 THEN format_type(b.oid, NULL) ELSE '' END"
         " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
         " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type y ON y.oid = a.atttypid"
+        " JOIN pg_type b ON b.oid = coalesce(nullif(y.typbasetype, 0), y.oid)"
         " LEFT JOIN pg_collation co ON co.oid = a.attcollation"
         " WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s"
         " AND a.attnum > 0 AND NOT a.attisdropped",
@@ -155,7 +162,8 @@ def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
         # 'a' = 'A' under a nondeterministic collation, yet they may fall into different
         # fragments: a fragment would no longer hold all rows of a value (safety's premise).
         raise PartitionError(f"{schema}.{table}.{column} has a nondeterministic collation")
-    return ColumnInfo(schema, table, column, str(row[0]), bool(row[1]), int(row[2]))
+    return ColumnInfo(schema, table, column, str(row[0]), bool(row[1]), int(row[2]),
+                      str(row[4]))
 
 
 def thin(values: Sequence[Any], count: int) -> list[Any]:
@@ -187,7 +195,7 @@ def _finite(array: sql.Composable) -> sql.Composable:
 
 def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
     """Histogram bounds and most common values of the column, typed, NULL-free, finite."""
-    typed = sql.SQL(info.type_name)
+    typed = sql.SQL(info.value_type)
     row = conn.execute(
         sql.SQL("SELECT {}, {} FROM pg_stats WHERE schemaname = %s AND tablename = %s"
                 " AND attname = %s").format(
@@ -231,7 +239,7 @@ def _typed_bounds(conn: psycopg.Connection[Any], info: ColumnInfo,
     """Round-trips the bounds through PostgreSQL: typed values, text literals, array literal."""
     row = conn.execute(
         sql.SQL("SELECT b, array(SELECT x::text FROM unnest(b) AS x), b::text"
-                " FROM (SELECT %s::{}[] AS b) AS s").format(sql.SQL(info.type_name)),
+                " FROM (SELECT %s::{}[] AS b) AS s").format(sql.SQL(info.value_type)),
         (values,)).fetchone()
     assert row is not None
     return tuple(row[0]), tuple(row[1]), str(row[2])
@@ -248,6 +256,9 @@ def build_partition(conn: psycopg.Connection[Any], schema: str, table: str, colu
     if fragments < 1:
         raise PartitionError("a partition needs at least one fragment")
     info = column_info(conn, schema, table, column)
+    if not info.value_type:   # refused before ANALYZE: every capture would try again
+        raise PartitionError(f"{schema}.{table}.{column}: psycopg cannot load values of type "
+                             f"{info.type_name}")
     wanted = fragments - 1  # n bounds make n + 1 non-NULL fragments
     _ensure_statistics(conn, info, wanted + 1)
     values = sorted(set(_stats_values(conn, info)))
