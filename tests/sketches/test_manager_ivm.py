@@ -130,6 +130,12 @@ def check(m: SketchManager, conn: Conn, sql: str, params: tuple[object, ...] | N
         conn.execute("COMMIT")
 
 
+def analyze_and_track(conn: Conn, table: str) -> None:
+    """ANALYZE ``table`` (a test's own) and track it, before a manager sees it."""
+    conn.execute(pgsql.SQL("ANALYZE {}").format(pgsql.Identifier(table)))
+    conn.execute("SELECT imp.track_table(%s::regclass)", (table,))
+
+
 def entry_of(m: SketchManager, sketch_id: int | None) -> dict[str, object]:
     rows = [r for r in m.sketches() if r["sketch_id"] == sketch_id]
     assert len(rows) == 1
@@ -317,8 +323,7 @@ def test_values_python_cannot_hold_or_order_recapture(db: str, sql: str) -> None
                   " + i * interval '1 minute' END, CASE WHEN i % 983 = 0 THEN 'infinity'::date"
                   " ELSE date '2020-01-01' + i % 60 END, CASE WHEN i % 977 = 0"
                   " THEN 'NaN'::numeric ELSE i END FROM generate_series(1, 20000) i")
-        c.execute("ANALYZE inf")
-        c.execute("SELECT imp.track_table('inf'::regclass)")
+        analyze_and_track(c, "inf")
         m = SketchManager(SketchSettings(fragments=20))
         try:
             for i in range(3):
@@ -342,8 +347,7 @@ def test_interval_values_are_not_maintained(db: str) -> None:
                   " FROM generate_series(1, 100)")
         c.execute("INSERT INTO ivl (x, v) SELECT (i % 20) * interval '10 days', 1"
                   " FROM generate_series(1, 1200) i")
-        c.execute("ANALYZE ivl")
-        c.execute("SELECT imp.track_table('ivl'::regclass)")
+        analyze_and_track(c, "ivl")
         m = SketchManager(SketchSettings(fragments=10))
         try:
             q = "SELECT x, count(*) FROM ivl GROUP BY x HAVING count(*) > 120 ORDER BY x"
@@ -374,8 +378,7 @@ def test_enum_group_keys_are_maintained(db: str) -> None:
         c.execute("INSERT INTO en (g, m, v) SELECT i % 30,"
                   " (ARRAY['sad', 'ok', 'happy']::mood[])[i % 3 + 1], i"
                   " FROM generate_series(1, 900) i")
-        c.execute("ANALYZE en")
-        c.execute("SELECT imp.track_table('en'::regclass)")
+        analyze_and_track(c, "en")
         m = SketchManager(SketchSettings(fragments=10))
         try:
             q = "SELECT g, m, sum(v) FROM en GROUP BY g, m HAVING sum(v) > 13800"
