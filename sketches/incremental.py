@@ -93,12 +93,11 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     pipeline = compile(analysis, targets, params)
     spec = pipeline.spec
     _refuse_untracked(conn, [t.relation for t in spec.tables])
-    summed = [a for f, a in zip(spec.aggs, spec.agg_sql, strict=True)
-              if f.func in ("sum", "avg") and a is not None]
-    others = [*(p for t in spec.tables for p in t.payload), *spec.group_sql,
-              *(a for a in spec.agg_sql if a is not None)]
-    oids = _types(conn, spec.tables, [*summed, *others])
-    if any(o in FLOAT_OIDS for o in oids[:len(summed)]):
+    args = [(f.func, a) for f, a in zip(spec.aggs, spec.agg_sql, strict=True) if a is not None]
+    oids = _types(conn, spec.tables, [*(a for _f, a in args), *spec.group_sql,
+                                      *(p for t in spec.tables for p in t.payload)])
+    if any(func in ("sum", "avg") and o in FLOAT_OIDS
+           for (func, _a), o in zip(args, oids, strict=False)):
         raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
                               "float sum can drift from PostgreSQL's")
     unlisted = sorted({o for o in oids if o not in ENGINE_TYPES})

@@ -299,12 +299,18 @@ NAMED = ["SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
          "SELECT g, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"]
 
 
+def _same_rows(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any], q: str,
+               label: str) -> None:
+    """``q`` through the proxy and directly on PostgreSQL: the same rows."""
+    got, want = proxied.execute(q).fetchall(), direct.execute(q).fetchall()
+    assert got == want, f"{label}: {q}: {len(got)} rows, not {len(want)}: {got[:3]} != {want[:3]}"
+
+
 def _same_as_direct(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any],
                     label: str) -> None:
     for q in NAMED:
         for _ in range(2):  # capture (or use), then use
-            got, want = proxied.execute(q).fetchall(), direct.execute(q).fetchall()
-            assert got == want, f"{label}: {q}: {got[:3]} != {want[:3]}"
+            _same_rows(proxied, direct, q, label)
 
 
 @pytest.mark.parametrize("how", ["$user", "temporary table", "SET search_path"])
@@ -362,8 +368,7 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
             # capture, then use (a sketch captured before its table was tracked is
             # recaptured after a commit in between: up to 8 rounds in the server's TimeZone)
             for n in range(1, 9):
-                got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
-                assert got == want, f"{tz}: {len(got)} groups instead of {len(want)}"
+                _same_rows(p, d, q, str(tz))
                 if n >= 2 and (tz is not None or int(stats(p)["proxy.used"]) > 0):
                     break
             if tz is None:
@@ -397,8 +402,7 @@ def test_a_session_in_another_timezone_uses_sketches_for_queries_without_dates(
             used = int(stats(p)["proxy.used"])
             for n in range(1, 9):   # capture, then use (see the TimeZone test)
                 for q in (free, dated):
-                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
-                    assert got == want, f"{setting if other else 'default'}: {q}"
+                    _same_rows(p, d, q, setting if other else "default")
                 d.execute("UPDATE ez SET v = v + 1 WHERE g = %s", (n,))
                 if n >= 2 and int(stats(p)["proxy.used"]) > used:
                     break
@@ -452,8 +456,7 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
             used = int(stats(p)["proxy.used"])
             for n in range(1, 9):   # capture, then use (see the TimeZone test)
                 for q in queries.values():
-                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
-                    assert got == want, f"{setting}: {q}: {len(got)} groups, not {len(want)}"
+                    _same_rows(p, d, q, str(setting))
                 if n >= 2 and (setting is not None or int(stats(p)["proxy.used"]) > used):
                     break
             if setting is None:
@@ -689,8 +692,7 @@ def test_functions_that_resolve_before_pg_catalog_never_use_a_sketch(
         with _sessions_on_path(dsn, sketch_proxy.port, path) as (p, d):
             for q in queries:
                 for _ in range(3):
-                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
-                    assert got == want, f"{path}: {q}: {len(got)} rows instead of {len(want)}"
+                    _same_rows(p, d, q, path)
                     d.execute("INSERT INTO ft VALUES (7, 999)")  # maintained, not recaptured
             explain = dict(p.execute(f"IMP EXPLAIN {queries[0]}").fetchall())
             if path == "public":  # sessions without such functions keep their sketches
@@ -726,8 +728,7 @@ def test_an_extensions_operators_serve_only_the_sessions_that_see_them(
         with _sessions_on_path(dsn, sketch_proxy.port, path) as (p, d):
             for q in queries:
                 for i in range(3):
-                    got, want = p.execute(q).fetchall(), d.execute(q).fetchall()
-                    assert got == want, f"{path}: {q}: {len(got)} rows instead of {len(want)}"
+                    _same_rows(p, d, q, path)
                     if i == 1:  # the next session's first query finds no commit since
                         d.execute("UPDATE ct SET v = v + 1 WHERE id = %s", (len(decisions) + 1,))
                 decisions.append((path, q, dict(p.execute(f"IMP EXPLAIN {q}").fetchall())))
