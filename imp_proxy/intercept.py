@@ -42,7 +42,7 @@ from .protocol.messages import (
     Execute,
     Parse,
 )
-from .router import SESSION_SETTINGS, PrepareOutcome, ServiceError
+from .router import SESSION_SETTINGS, PrepareOutcome, ServiceError, setting_sql
 
 if TYPE_CHECKING:
     from .session import Session
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # text ("$user", public) names other schemas on the service connection, another role's
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
-                  + "".join(f", current_setting('{n}')" for n in SESSION_SETTINGS))
+                  + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS))
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)

@@ -106,10 +106,23 @@ EVALUATION_SETTINGS = TEMPORAL_SETTINGS + ("standard_conforming_strings",)
 (ParameterStatus), so a service connection knows its own without a query."""
 
 UNREPORTED_SETTINGS = ("array_nulls", "transform_null_equals", "timezone_abbreviations",
-                       "lc_monetary")
+                       "lc_monetary", "extra_float_digits", "bytea_output")
 """Settings that change how a query's text is read (``NULL`` in an array literal, ``x = NULL``,
-``'2020-01-01 EST'``, a money literal) which PostgreSQL does not report: the service
-connection reads its own in the transaction's setup."""
+``'2020-01-01 EST'``, a money literal) or what a value's text is (``x::text`` of a float,
+rounded where extra_float_digits ≤ 0, and of a bytea), which PostgreSQL does not report: the
+service connection reads its own in the transaction's setup."""
+
+_SETTING_SQL = {
+    "extra_float_digits": "least(current_setting('extra_float_digits')::int, 1)::text",
+}
+"""Settings read as an expression, not as their text: every positive extra_float_digits gives
+the same float text (the shortest exact one), so pgjdbc's 3 and the default 1 are one value."""
+
+
+def setting_sql(name: str) -> str:
+    """The SQL expression that reads setting ``name`` (one of :data:`SESSION_SETTINGS`) in the
+    form sessions are compared on."""
+    return _SETTING_SQL.get(name, f"current_setting('{name}')")
 
 SESSION_SETTINGS = EVALUATION_SETTINGS + UNREPORTED_SETTINGS
 """What a client session's settings are compared with the service connection's on."""
@@ -124,7 +137,7 @@ def _settings_differ(client: tuple[str, ...], service: tuple[str, ...]) -> Prepa
 
 
 _READ_UNREPORTED = pgsql.SQL("SELECT {}").format(pgsql.SQL(", ").join(
-    pgsql.SQL("current_setting({})").format(pgsql.Literal(n)) for n in UNREPORTED_SETTINGS))
+    pgsql.SQL(setting_sql(n)) for n in UNREPORTED_SETTINGS))
 
 
 class PerDatabase:

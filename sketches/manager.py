@@ -59,6 +59,7 @@ from sketches.safety import SafeAttribute, Safety, check
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.template import TemplateInstance, instance, reusable
+from sketches.sql.grammar import reads_the_clock
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +392,8 @@ class SketchManager(IncrementalMaintenance):
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
+        if _clock_values(params):
+            return self._passthrough("a parameter reads the clock ('now', 'today', …)")
         relations = self._relations(conn, analysis, search_path, snapshot)
         if relations.reason is not None:
             return self._passthrough(relations.reason)
@@ -933,6 +936,18 @@ def _settings_free_values(params: Sequence[object] | None) -> bool:
         elif not isinstance(v, _SETTINGS_FREE_TYPES):
             return False
     return True
+
+
+def _clock_values(params: Sequence[object] | None) -> bool:
+    """Does a text parameter (lists: an element) read the clock like a literal of
+    :func:`~sketches.sql.grammar.reads_the_clock`?"""
+    for v in params or ():
+        if isinstance(v, (list, tuple)):
+            if _clock_values(v):
+                return True
+        elif isinstance(v, str) and reads_the_clock(v):
+            return True
+    return False
 
 
 def _values(inst: TemplateInstance) -> tuple[object, ...]:

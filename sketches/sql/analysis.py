@@ -37,11 +37,13 @@ from pglast.stream import RawStream
 from sketches.errors import NeedsCatalog, UnsupportedQuery
 from sketches.sql.grammar import (
     AGGREGATES,
+    CATALOG_NAME_TYPES,
     EXPR_KINDS,
     FUNCTIONS,
     LEAF_NODES,
     PLAIN_NODES,
     implicit_name,
+    reads_the_clock,
 )
 from sketches.sql.model import (
     AggregateCall,
@@ -387,6 +389,8 @@ class _Analyser:
             raise UnsupportedQuery("CURRENT_DATE/CURRENT_USER-like function")
         elif isinstance(node, ast.TypeCast):
             self._cast_type(node.typeName)
+        elif isinstance(node, ast.String) and reads_the_clock(node.sval):
+            raise UnsupportedQuery(f"literal {node.sval!r} reads the clock")
         elif not isinstance(node, PLAIN_NODES):
             raise UnsupportedQuery(f"expression {type(node).__name__}")
         return self._rebuild(node, ctx)
@@ -408,6 +412,8 @@ class _Analyser:
         """Notes the type a cast names (:attr:`QueryAnalysis.types`)."""
         if name.pct_type or len(name.names) > 2:
             raise UnsupportedQuery("cast to a %TYPE or cross-database type")
+        if name.names[-1].sval in CATALOG_NAME_TYPES:
+            raise UnsupportedQuery(f"cast to {name.names[-1].sval} (reads the catalog)")
         self.types.add(RawStream()(name))
 
     def _walk_node(self, node: ast.Node, ctx: _Ctx) -> ast.Node:

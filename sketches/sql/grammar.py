@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pglast import ast
 from pglast.enums import A_Expr_Kind
 
@@ -18,6 +20,26 @@ FUNCTIONS = frozenset({
     "sign", "exp", "ln", "log", "date_part", "extract", "date_trunc", "md5", "split_part",
     "reverse", "lpad", "rpad", "initcap",
 })
+
+_CLOCK_WORDS = re.compile(r"(?<![a-z])(now|today|tomorrow|yesterday)(?![a-z])", re.IGNORECASE)
+
+
+def reads_the_clock(text: str) -> bool:
+    """Could PostgreSQL's date/time input read ``text`` as the current time or date ('now',
+    'today', 'tomorrow', 'yesterday', alone or in a longer value)? Such a literal means
+    another instant in every transaction, so a sketch captured once would be applied to a
+    query that asks something else. Word-level and type-blind: a text value that merely
+    holds the word is refused too, which only costs a passthrough."""
+    return _CLOCK_WORDS.search(text) is not None
+
+
+CATALOG_NAME_TYPES = frozenset({
+    "regclass", "regcollation", "regconfig", "regdictionary", "regnamespace", "regoper",
+    "regoperator", "regproc", "regprocedure", "regrole", "regtype",
+})
+"""Types whose input looks a name up in the catalog (on the search_path): ``'t'::regclass``
+is another oid once ``t`` is dropped and created again, or in a session whose path finds
+another ``t`` — in tables the sketch does not depend on."""
 
 EXPR_KINDS = frozenset({
     A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_OP_ANY, A_Expr_Kind.AEXPR_OP_ALL,

@@ -101,6 +101,54 @@ def test_repeated_queries_answered_from_memory_until_a_write(ldsn: str, db_dsn: 
             assert int(stats(c)["proxy.answered_in_memory"]) == before
 
 
+CLOCK_LITERAL = ("SELECT g, count(*) FROM ck WHERE ts < 'now' GROUP BY g HAVING count(*) > 400"
+                 " ORDER BY g")
+CLOCK_PARAM = ("SELECT g, count(*) FROM ck WHERE ts < %s::timestamptz GROUP BY g"
+               " HAVING count(*) > 400 ORDER BY g")
+
+
+def _just_after_a_second() -> None:
+    """Sleeps until 0.3 s past the next whole second (the test's rows sit on whole seconds,
+    so the proxied and the direct query see the same rows before 'now')."""
+    now = time.time()
+    time.sleep(1 - (now % 1) + 0.3)
+
+
+def test_queries_that_read_the_clock_are_answered_at_their_own_time(
+        ldsn: str, db_dsn: str) -> None:
+    """'now' (a literal, or a text parameter cast to timestamptz) is the transaction's time:
+    the same text asks about more rows a second later. (Found: a sketch captured when no
+    group had 400 rows before 'now' was used a second later, 0 groups instead of 10, and an
+    unchanged snapshot answered the old selection from memory.)"""
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute("CREATE TABLE ck (id serial PRIMARY KEY, g int NOT NULL, ts timestamptz)")
+        d.execute("INSERT INTO ck (g, ts) SELECT i % 50, now() - interval '1 hour'"
+                  " FROM generate_series(1, 15000) i")
+        d.execute("INSERT INTO ck (g, ts) SELECT i % 50, date_trunc('second', now())"
+                  " + (2 + i % 5) * interval '1 second' FROM generate_series(1, 10000) i")
+        d.execute("ANALYZE ck")
+        runs: list[Callable[[psycopg.Connection[Any]], list[Any]]] = [
+            lambda conn: psycopg.ClientCursor(conn).execute(CLOCK_LITERAL).fetchall(),
+            lambda conn: conn.execute(CLOCK_LITERAL).fetchall(),
+            lambda conn: conn.execute(CLOCK_PARAM, ("now",)).fetchall(),
+        ]
+        sizes = []
+        for _ in range(8):
+            _just_after_a_second()
+            # the same calls on both sides: psycopg prepares a statement after its fifth
+            # execution, and a prepared statement keeps the 'now' of its PREPARE
+            for run in runs:
+                want = run(d)
+                assert run(c) == want
+            sizes.append(len(want))
+        assert sizes[0] == 0 and sizes[-1] == 50, sizes   # the answers changed with time
+        for q in (CLOCK_LITERAL, CLOCK_PARAM.replace("%s", "'now'")):
+            explain = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
+            assert explain["decision"] == "passthrough", explain
+            assert "reads the clock" in str(explain["reason"]), explain
+
+
 def test_dropping_sketches(ldsn: str) -> None:
     with psycopg.connect(ldsn, autocommit=True) as c:
         c.execute(HAVING).fetchall()

@@ -425,17 +425,24 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
     off, ``'a\\\\b'`` is ``a\\b`` (an escaped backslash), and with transform_null_equals on,
     ``v = NULL`` is ``v IS NULL``, and with array_nulls off, ``'{zzz,NULL}'::text[]`` holds the
     string ``NULL``. The service connection has none of them (the last two PostgreSQL does not
-    report: the service connection reads its own). Every answer must be
+    report: the service connection reads its own). With extra_float_digits 0 or less, a float's
+    text is rounded (``0.30000000000000004`` is ``'0.3'``); every positive value (pgjdbc's 3)
+    gives the shortest exact text, as the default 1 does. With bytea_output escape, a bytea's
+    text is ``a``, not ``\\x61``. Every answer must be
     PostgreSQL's; sessions with the defaults keep using sketches. (Found: a session with
     standard_conforming_strings off got 0 groups instead of 25, one with transform_null_equals
-    on 0 instead of 50, one with array_nulls off 0 instead of 50.)"""
+    on 0 instead of 50, one with array_nulls off 0 instead of 50, one with extra_float_digits
+    0 got 0 groups instead of 50, one with bytea_output escape 0 instead of 25.)"""
     dsn = str(fresh_db())
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE bs (id int PRIMARY KEY, g int NOT NULL, name text, v int)")
+        c.execute("CREATE TABLE bs (id int PRIMARY KEY, g int NOT NULL, name text, v int,"
+                  " x float8, bt bytea)")
         c.execute("INSERT INTO bs SELECT i, i % 50, CASE WHEN i % 5 = 0 THEN 'NULL'"
                   " WHEN i % 2 = 0 THEN 'a\\b'"
                   " ELSE 'a\\\\b' END, CASE WHEN i % 7 = 0 THEN NULL WHEN i % 2 = 0 THEN 1"
-                  " ELSE -1 END FROM generate_series(1, 20000) i")
+                  " ELSE -1 END, CASE WHEN i % 3 = 0 THEN 0.1::float8 + 0.2 ELSE 0.5 END,"
+                  " CASE WHEN i % 4 = 0 THEN 'a'::bytea ELSE 'b' END"
+                  " FROM generate_series(1, 20000) i")
         c.execute("ANALYZE bs")
     backslash = ("SELECT g, sum(v) FROM bs WHERE name = 'a\\\\b' GROUP BY g HAVING sum(v) > 0"
                  " ORDER BY g")
@@ -443,10 +450,15 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                    " ORDER BY g")
     null_element = ("SELECT g, count(*) FROM bs WHERE name = ANY('{zzz,NULL}'::text[])"
                     " GROUP BY g HAVING count(*) > 0 ORDER BY g")
+    float_text = ("SELECT g, count(*) FROM bs WHERE x::text = '0.3' GROUP BY g"
+                  " HAVING count(*) > 0 ORDER BY g")
     queries = {"standard_conforming_strings": backslash, "transform_null_equals": null_equals,
-               "array_nulls": null_element}
+               "array_nulls": null_element, "extra_float_digits": float_text,
+               "bytea_output": ("SELECT g, count(*) FROM bs WHERE bt::text = 'a' GROUP BY g"
+                                " HAVING count(*) > 0 ORDER BY g")}
     for setting in (None, "standard_conforming_strings = off", "transform_null_equals = on",
-                    "array_nulls = off", None):
+                    "array_nulls = off", "extra_float_digits = 0", "extra_float_digits = 3",
+                    "bytea_output = escape", None):
         with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
                 psycopg.connect(dsn, autocommit=True) as d:
             for c in (p, d):
@@ -459,8 +471,8 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                     _same_rows(p, d, q, str(setting))
                 if n >= 2 and (setting is not None or int(stats(p)["proxy.used"]) > used):
                     break
-            if setting is None:
-                assert int(stats(p)["proxy.used"]) > used
+            if setting is None or setting.endswith("= 3"):
+                assert int(stats(p)["proxy.used"]) > used, setting
             else:
                 q = queries[setting.split()[0]]
                 explain = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())

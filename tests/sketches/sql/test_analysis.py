@@ -148,6 +148,32 @@ def test_equals_null_is_refused(sql: str) -> None:
     analyse(sql.replace("NULL", "NULL::int"))   # a typed NULL is never transformed
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT g, count(*) FROM t WHERE ts < 'now' GROUP BY g",
+    "SELECT g, count(*) FROM t WHERE d >= 'Today'::date GROUP BY g",
+    "SELECT g, count(*) FROM t WHERE ts < timestamptz 'tomorrow 10:00' GROUP BY g",
+    "SELECT g, count(*) FROM t WHERE d = ANY('{2020-01-01, yesterday}') GROUP BY g",
+    "SELECT g, max(ts) FROM t GROUP BY g HAVING max(ts) > ' NOW '",
+])
+def test_literals_that_read_the_clock_are_refused(sql: str) -> None:
+    """PostgreSQL reads 'now', 'today', 'tomorrow' and 'yesterday' as the transaction's time
+    or date: the same text asks something else later, so no sketch may carry over."""
+    with pytest.raises(UnsupportedQuery, match="reads the clock"):
+        analyse(sql)
+
+
+@pytest.mark.parametrize("cast", ["'u'::regclass", "'int4'::pg_catalog.regtype",
+                                  "CAST('public' AS regnamespace)"])
+def test_casts_that_look_names_up_are_refused(cast: str) -> None:
+    with pytest.raises(UnsupportedQuery, match="reads the catalog"):
+        analyse(f"SELECT g, count(*) FROM t WHERE k = {cast}::oid GROUP BY g")
+
+
+def test_names_and_words_containing_clock_words_are_kept() -> None:
+    analyse("SELECT \"now\", count(*) FROM t WHERE \"today\" > 1 AND name = 'Snowden'"
+            " GROUP BY \"now\"")
+
+
 def test_the_types_of_casts_are_collected() -> None:
     """A cast's type name, as PostgreSQL will look it up (qualified when written so): the
     operators applied to its values depend on it."""
