@@ -27,8 +27,10 @@ import pg_extensions
 from sketches import catalog, deltas
 from sketches.deltas import Snapshot
 from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.expr import FLOAT8, INT_BOUNDS
 from sketches.ivm.pipeline import Pipeline
-from sketches.ivm.plan import SketchTarget, TableSpec, compile
+from sketches.ivm.plan import PlanSpec, SketchTarget, TableSpec, compile
+from sketches.ivm.sqltext import arithmetic, bind_params
 from sketches.sql import QueryAnalysis
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ which psycopg loads with a year of 365 days where PostgreSQL compares 12 months 
 HAVING count(*) sketch missed the group. Others differ too: timetz (equal instants in other
 zones are two values in PostgreSQL), inet and cidr (another order), jsonb and arrays (loaded
 unhashable), ranges and composites."""
+_ARITH_TYPES = frozenset({*INT_BOUNDS, FLOAT8, 1700})
 _SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits")
 _XID32 = 1 << 32
 
@@ -93,6 +96,9 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     pipeline = compile(analysis, targets, params)
     spec = pipeline.spec
     _refuse_untracked(conn, [t.relation for t in spec.tables])
+    arith = _arith_types(conn, spec, params)
+    if arith:
+        pipeline = compile(analysis, targets, params, arith_types=arith)
     args = [(f.func, a) for f, a in zip(spec.aggs, spec.agg_sql, strict=True) if a is not None]
     oids = _types(conn, spec.tables, [*(a for _f, a in args), *spec.group_sql,
                                       *(p for t in spec.tables for p in t.payload)])
@@ -111,15 +117,36 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     return pipeline
 
 
-def _types(conn: Conn, tables: Sequence[TableSpec], exprs: Sequence[str]) -> list[int]:
-    """The type oids of ``exprs`` (SQL over the tables' aliases), planned, never run."""
+def _arith_types(conn: Conn, spec: PlanSpec, params: Sequence[object] | None
+                 ) -> dict[str, int]:
+    """PostgreSQL's result types of the HAVING / ORDER BY arithmetic the engine evaluates (by
+    text); raises :class:`NotMaintainable` for a type other than an integer, numeric or float8
+    (a real's product is rounded to a real in PostgreSQL, a date plus an integer is a date)."""
+    texts = list(dict.fromkeys(
+        a.sql for e in (spec.having, *spec.order_exprs) for a in arithmetic(e) if a.sql))
+    if not texts:
+        return {}
+    bound = [bind_params(t, params, lambda v: sql.Literal(v).as_string(None)) for t in texts]
+    oids = _types(conn, spec.tables, bound, spec.group_sql)
+    odd = [t for t, o in zip(texts, oids, strict=True) if o not in _ARITH_TYPES]
+    if odd:
+        raise NotMaintainable(f"arithmetic {odd[0]} is not evaluated in Python (its type)")
+    return dict(zip(texts, oids, strict=True))
+
+
+def _types(conn: Conn, tables: Sequence[TableSpec], exprs: Sequence[str],
+           group_by: Sequence[str] = ()) -> list[int]:
+    """The type oids of ``exprs`` (SQL over the tables' aliases, grouped by ``group_by``),
+    planned, never run."""
     if not exprs:
         return []
     from_items = sql.SQL(", ").join(
         sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
         for t in tables)
-    query = sql.SQL("SELECT {} FROM {} LIMIT 0").format(
-        sql.SQL(", ").join(sql.SQL(e) for e in exprs), from_items)
+    grouping = sql.SQL(" GROUP BY {}").format(sql.SQL(", ").join(
+        sql.SQL(g) for g in group_by)) if group_by else sql.SQL("")
+    query = sql.SQL("SELECT {} FROM {}{} LIMIT 0").format(
+        sql.SQL(", ").join(sql.SQL(e) for e in exprs), from_items, grouping)
     with conn.cursor() as cur:
         cur.execute(query)
         return [d.type_code for d in cur.description or ()]

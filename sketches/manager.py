@@ -58,8 +58,8 @@ from sketches.ranges import RangePartition, build_partition, column_info
 from sketches.safety import SafeAttribute, Safety, check
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
-from sketches.sql.template import TemplateInstance, instance, reusable
 from sketches.sql.grammar import reads_the_clock
+from sketches.sql.template import TemplateInstance, instance, reusable
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ not reproduced here.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, TypeAlias
 
@@ -89,11 +90,24 @@ def as_float8(v: Any) -> Any:
     return v
 
 
+INT_BOUNDS = {21: 1 << 15, 23: 1 << 31, 20: 1 << 63}
+"""Integer result types (smallint, integer, bigint) and the magnitude their values stay below."""
+FLOAT8 = 701
+
+
 @dataclass(frozen=True, slots=True)
 class Arith:
+    """``left op right``. ``sql``: its text in the query; ``result_type``: the type oid
+    PostgreSQL gives it (0: not known). A result PostgreSQL cannot hold in that type — an
+    integer out of range, a float8 overflow or underflow — is an error there (the query
+    fails), where Python would go on with a value: it raises :class:`NotMaintainable`, so the
+    sketch recaptures and PostgreSQL's error reaches the client."""
+
     op: str
     left: Expr
     right: Expr
+    sql: str = field(default="", compare=False, repr=False)
+    result_type: int = 0
 
     def __post_init__(self) -> None:
         if self.op not in _ARITH:
@@ -108,7 +122,19 @@ class Arith:
             b = float(b)
         elif isinstance(b, float) and isinstance(a, Decimal):
             a = float(a)
-        return _ARITH[self.op](a, b)
+        out = _ARITH[self.op](a, b)
+        if self.result_type:
+            self._check_range(a, b, out)
+        return out
+
+    def _check_range(self, a: Any, b: Any, out: Any) -> None:
+        bound = INT_BOUNDS.get(self.result_type)
+        if bound is not None and not -bound <= out < bound:
+            raise NotMaintainable(f"{self.sql}: integer out of range in PostgreSQL")
+        if self.result_type == FLOAT8 and type(out) is float and (
+                (math.isinf(out) and not math.isinf(a) and not math.isinf(b))
+                or (out == 0.0 and self.op == "*" and a != 0 and b != 0)):
+            raise NotMaintainable(f"{self.sql}: float8 out of range in PostgreSQL")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -209,12 +209,15 @@ class _Builder:
 
 
 def compile(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
-            params: Sequence[object] | None = None, options: Options | None = None) -> Pipeline:
+            params: Sequence[object] | None = None, options: Options | None = None,
+            arith_types: Mapping[str, int] | None = None) -> Pipeline:
     """The pipeline maintaining the sketch of ``analysis`` (with ``params``) on ``targets``
-    (slot ``i`` of every annotation is ``targets[i]``). Raises :class:`NotMaintainable`."""
+    (slot ``i`` of every annotation is ``targets[i]``); ``arith_types``: PostgreSQL's type
+    oids of the HAVING / ORDER BY arithmetic (by :attr:`~sketches.ivm.expr.Arith.sql`), whose
+    range the engine then keeps as PostgreSQL does. Raises :class:`NotMaintainable`."""
     from sketches.ivm.pipeline import Pipeline
 
-    return Pipeline(plan(analysis, targets, params, options or Options()))
+    return Pipeline(plan(analysis, targets, params, options or Options(), arith_types))
 
 
 def compile_for_sketch(analysis: QueryAnalysis, sketch: Sketch,
@@ -225,7 +228,8 @@ def compile_for_sketch(analysis: QueryAnalysis, sketch: Sketch,
 
 
 def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
-         params: Sequence[object] | None, options: Options) -> PlanSpec:
+         params: Sequence[object] | None, options: Options,
+         arith_types: Mapping[str, int] | None = None) -> PlanSpec:
     if not analysis.resolved:
         raise NotMaintainable("the analysis left column references unresolved")
     if not targets:
@@ -266,7 +270,7 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
             rpos = [b.need(t, text) for text in right]
             pending.append((step, lpos, rpos, tuple(x for _, x in left), tuple(right),
                             tuple(b.pos_of_table[tab] for tab, _ in left)))
-        kind, extra = _upper(analysis, b, options)
+        kind, extra = _upper(analysis, b, options, arith_types or {})
         return pending, kind, extra
 
     positions()          # registers every payload expression
@@ -327,7 +331,8 @@ def _limit(analysis: QueryAnalysis, params: Sequence[object] | None) -> int | No
     return k
 
 
-def _upper(analysis: QueryAnalysis, b: _Builder, options: Options) -> tuple[str, dict[str, object]]:
+def _upper(analysis: QueryAnalysis, b: _Builder, options: Options,
+           arith_types: Mapping[str, int]) -> tuple[str, dict[str, object]]:
     k = _limit(analysis, b.params)
     if analysis.is_aggregate:
         if analysis.distinct:
@@ -342,7 +347,7 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options) -> tuple[str,
         leaves: list[tuple[str, Expr]] = [(c.sql, Col(width + i))
                                           for i, c in enumerate(analysis.aggregates)]
         leaves += [(g.sql, Col(i)) for i, g in enumerate(analysis.group_by)]
-        having = (parse_expression(analysis.having.sql, leaves, b.params)
+        having = (parse_expression(analysis.having.sql, leaves, b.params, arith_types)
                   if analysis.having is not None else None)
         calls: list[tuple[str, Expression | None]] = [
             ("count_star" if c.arg is None else c.func, c.arg) for c in analysis.aggregates]
@@ -366,7 +371,7 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options) -> tuple[str,
         order_exprs: tuple[Expr, ...] = ()
         order: tuple[OrderItem, ...] = ()
         if k is not None:
-            order_exprs = tuple(parse_expression(o.expr.sql, leaves, b.params)
+            order_exprs = tuple(parse_expression(o.expr.sql, leaves, b.params, arith_types)
                                 for o in analysis.order_by)
             out_width = width + len(aggs)
             order = tuple(OrderItem(out_width + i, o.descending, o.nulls_first)

@@ -12,7 +12,7 @@ Anything else raises :class:`NotMaintainable`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 
 from sketches.ivm.errors import NotMaintainable
@@ -77,11 +77,12 @@ def bind_params(text: str, params: Sequence[object] | None,
 
 class _Parser:
     def __init__(self, text: str, leaves: Sequence[tuple[str, Expr]],
-                 params: Sequence[object] | None) -> None:
+                 params: Sequence[object] | None, types: Mapping[str, int]) -> None:
         self.text = text
         self.toks = tokens(text)
         self.i = 0
         self.params = params
+        self.types = types
         # leaves as token sequences, longest first
         self.leaves = sorted(((tuple(t[1] for t in tokens(s)), e) for s, e in leaves),
                              key=lambda le: -len(le[0]))
@@ -144,23 +145,38 @@ class _Parser:
         return left
 
     def additive(self) -> Expr:
+        start = self.i
         e = self.term()
         while self.peek() in ("+", "-"):
-            e = Arith(self.take(), e, self.term())
+            op = self.take()
+            e = self.arith(op, e, self.term(), start)
         return e
 
     def term(self) -> Expr:
+        start = self.i
         e = self.unary()
         while self.peek() == "*":
-            e = Arith(self.take(), e, self.unary())
+            op = self.take()
+            e = self.arith(op, e, self.unary(), start)
         if self.peek() in ("/", "%"):
             raise NotMaintainable("division is not evaluated in Python")
         return e
 
+    def arith(self, op: str, left: Expr, right: Expr, start: int) -> Arith:
+        """``Arith`` over the tokens from ``start`` to the last one taken (its text typed by
+        ``self.types``)."""
+        _kind, last, end = self.toks[self.i - 1]
+        text = self.text[self.toks[start][2]:end + len(last)]
+        return Arith(op, left, right, text, self.types.get(text, 0))
+
     def unary(self) -> Expr:
         if self.peek() == "-":
+            start = self.i
             self.take()
-            return _negated(self.unary())
+            e = self.unary()
+            if isinstance(e, Const):
+                return _negated(e)
+            return self.arith("-", Const(0), e, start)
         e = self.primary()
         while self.peek() == "::":
             self.take()
@@ -208,7 +224,22 @@ def _negated(e: Expr) -> Expr:
 
 
 def parse_expression(text: str, leaves: Sequence[tuple[str, Expr]],
-                     params: Sequence[object] | None = None) -> Expr:
+                     params: Sequence[object] | None = None,
+                     types: Mapping[str, int] | None = None) -> Expr:
     """Parses ``text`` into an :data:`Expr`; ``leaves`` maps SQL texts (aggregate calls, GROUP
-    BY expressions) to the expressions standing for them (usually output columns)."""
-    return _Parser(text, leaves, params).parse()
+    BY expressions) to the expressions standing for them (usually output columns); ``types``:
+    the type oids PostgreSQL gives the texts of the arithmetic (:attr:`Arith.sql`)."""
+    return _Parser(text, leaves, params, types or {}).parse()
+
+
+def arithmetic(expr: Expr | None) -> list[Arith]:
+    """The arithmetic nodes of ``expr``, outermost first."""
+    if isinstance(expr, Arith):
+        return [expr, *arithmetic(expr.left), *arithmetic(expr.right)]
+    if isinstance(expr, Cmp):
+        return [*arithmetic(expr.left), *arithmetic(expr.right)]
+    if isinstance(expr, And | Or):
+        return [a for arg in expr.args for a in arithmetic(arg)]
+    if isinstance(expr, Not | IsNull):
+        return arithmetic(expr.arg)
+    return []

@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
+import pg_extensions
+
 from .conftest import ProxyProcess, StartProxy, via_proxy
 
 pytest.importorskip("sketches.manager")
@@ -147,6 +149,53 @@ def test_queries_that_read_the_clock_are_answered_at_their_own_time(
             explain = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
             assert explain["decision"] == "passthrough", explain
             assert "reads the clock" in str(explain["reason"]), explain
+
+
+@pytest.mark.parametrize(("table", "value", "having"), [
+    ("ov_int", "3000000", "max(v) * 1000 < 3962000"),          # integer * integer: integer
+    ("ov_big", "4000000000000000", "max(v) * 3000 < 11886000"),  # bigint * integer: bigint
+    ("ov_float", "1e306", "max(v) * 1e3 < 3962000"),             # float8 overflow
+])
+def test_arithmetic_that_overflows_in_postgresql_fails_as_it_does_there(
+        ldsn: str, db_dsn: str, table: str, value: str, having: str) -> None:
+    """HAVING arithmetic PostgreSQL cannot hold in its result type is an error there (the
+    query fails) and was a number in Python: after a write pushed one group's ``max(v) *
+    1000`` out of range, the maintained sketch left that group's fragment out and the proxy
+    answered 1 row where PostgreSQL fails with ``integer out of range`` (found). Now the
+    client gets PostgreSQL's error, and a query without the overflow is exact again."""
+    q = f"SELECT g, max(v) FROM {table} GROUP BY g HAVING {having} ORDER BY g"
+    kind = {"ov_int": "int", "ov_big": "bigint", "ov_float": "float8"}[table]
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, g int NOT NULL, v {kind})")
+        d.execute(f"INSERT INTO {table} SELECT i, i % 40, i FROM generate_series(1, 4000) i")
+        d.execute(f"ANALYZE {table}")
+        pg_extensions.install(d)   # tracked before the capture: maintained, not recaptured
+        d.execute("SELECT imp.track_table(%s::regclass)", (table,))
+        rounds_until_used(c, lambda: _same_or_same_error(c, d, q))
+        assert len(d.execute(q).fetchall()) == 1
+        sketch = [r for r in c.execute("IMP SHOW SKETCHES").fetchall() if table in r[2]]
+        assert sketch and sketch[0][7] == "lazy", sketch
+        d.execute(f"UPDATE {table} SET v = {value} WHERE id = 23")   # group 23 overflows
+        for _ in range(2):
+            assert _same_or_same_error(c, d, q) is not None
+        d.execute(f"UPDATE {table} SET v = 23 WHERE id = 23")
+        for _ in range(2):
+            assert _same_or_same_error(c, d, q) is None
+
+
+def _same_or_same_error(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any],
+                        q: str) -> str | None:
+    """``q`` through the proxy and directly: the same rows, or the same error (its SQLSTATE
+    and message, returned)."""
+    outcomes = []
+    for conn in (proxied, direct):
+        try:
+            outcomes.append(("rows", conn.execute(q).fetchall()))
+        except psycopg.Error as exc:
+            outcomes.append(("error", (exc.sqlstate, str(exc))))
+    assert outcomes[0] == outcomes[1], outcomes
+    return str(outcomes[1][1]) if outcomes[1][0] == "error" else None
 
 
 def test_dropping_sketches(ldsn: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import Arith, Cmp, Col, Const
 from sketches.ivm.plan import SketchTarget, compile
-from sketches.ivm.sqltext import bind_params, parse_expression
+from sketches.ivm.sqltext import arithmetic, bind_params, parse_expression
 from sketches.ranges import RangePartition
 from sketches.sql import analyse
 
@@ -77,3 +77,30 @@ def test_parse_expression_leaves_and_three_valued_logic() -> None:
             parse_expression(bad, leaves)
     with pytest.raises(NotMaintainable):  # text ordering depends on the collation
         parse_expression("t.g > 'm'", leaves).eval(("z", 1))
+
+
+def test_arithmetic_keeps_postgresqls_ranges() -> None:
+    """Each arithmetic node carries its text (typed by PostgreSQL at compile time) and, once
+    typed, refuses a result its type cannot hold, as PostgreSQL fails the query."""
+    leaves = [("max(t.v)", Col(1)), ("t.g", Col(0))]
+    text = "(max(t.v) + 1) * 1000 < -t.g"
+    untyped = parse_expression(text, leaves)
+    assert [a.sql for a in arithmetic(untyped)] == [
+        "(max(t.v) + 1) * 1000", "max(t.v) + 1", "-t.g"]
+    assert untyped.eval((0, 3_000_000)) is False   # untyped: Python's unbounded integers
+    typed = parse_expression(text, leaves, types={"(max(t.v) + 1) * 1000": 23,
+                                                  "max(t.v) + 1": 23, "-t.g": 23})
+    assert typed.eval((0, 2_000_000)) is False
+    with pytest.raises(NotMaintainable, match="integer out of range"):
+        typed.eval((0, 3_000_000))
+    with pytest.raises(NotMaintainable, match="integer out of range"):
+        typed.eval((-(1 << 31), 1))                 # -(-2147483648) is no integer
+    assert parse_expression("max(t.v) * 3", leaves, types={"max(t.v) * 3": 20}).eval(
+        (0, 1 << 61)) == 3 << 61
+    floats = parse_expression("max(t.v) * 1e300", leaves, types={"max(t.v) * 1e300": 701})
+    assert floats.eval((0, 2.0)) == 2e300
+    for v in (1e10, 1e-200):                        # overflow; underflow to zero
+        with pytest.raises(NotMaintainable, match="float8 out of range"):
+            parse_expression("max(t.v) * 1e-300" if v < 1 else "max(t.v) * 1e300", leaves,
+                             types={"max(t.v) * 1e-300": 701, "max(t.v) * 1e300": 701}
+                             ).eval((0, v))
