@@ -60,6 +60,10 @@ class Cmp:
         if a is None or b is None:
             return None
         if isinstance(a, str) or isinstance(b, str):
+            if not (isinstance(a, str) and isinstance(b, str)):
+                # found: max(v) <> '5000' was always true in Python (a NOT of it never)
+                raise NotMaintainable("a quoted literal compared with a value of another type "
+                                      "(PostgreSQL reads the literal as that type)")
             if self.op not in ("=", "<>", "!="):
                 raise NotMaintainable("text ordering depends on the collation: not evaluated here")
             check_blanks(a, b)

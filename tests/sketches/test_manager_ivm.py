@@ -363,6 +363,31 @@ def test_interval_values_are_not_maintained(db: str) -> None:
             m.close()
 
 
+@pytest.mark.parametrize("having", ["NOT (max(v) <> '5000')", "NOT (max(d) <> '2021-01-01')",
+                                    "count(*) = '100'"])
+def test_quoted_literals_compared_with_other_types_recapture(db: str, having: str) -> None:
+    """PostgreSQL reads ``'5000'`` beside an integer as the integer 5000; Python compared the
+    string with the number: never equal. (Found: once a write made a group's max 5000, the
+    maintained sketch of ``HAVING NOT (max(v) <> '5000')`` lacked its fragment, 0 rows instead
+    of 1; ``= '100'`` failed the state's cross-check on every capture, as an engine error.)"""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS ql")
+        c.execute("CREATE TABLE ql (id int PRIMARY KEY, g int, d date, v int)")
+        c.execute("INSERT INTO ql SELECT i, i % 40, date '2020-01-01' + i % 20, i"
+                  " FROM generate_series(1, 3998) i")
+        analyze_and_track(c, "ql")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            q = f"SELECT g, count(*) FROM ql GROUP BY g HAVING {having}"
+            p = check(m, c, q, None)
+            c.execute("INSERT INTO ql VALUES (5000, 7, '2021-01-01', 5000)")
+            p = check(m, c, q, None)
+            assert entry_of(m, p.sketch_id)["strategy"] == "recapture"
+            assert m.stats().get("engine_errors", 0) == 0, m.stats()
+        finally:
+            m.close()
+
+
 def test_enum_group_keys_are_maintained(db: str) -> None:
     """Enums are loaded as their labels, which are equal exactly where PostgreSQL's values
     are: a query grouping by one is maintained (and never ordered by it in Python). The
