@@ -121,6 +121,9 @@ class Arith:
         a, b = self.left.eval(row), self.right.eval(row)
         if a is None or b is None:
             return None
+        if isinstance(a, str) or isinstance(b, str):
+            raise NotMaintainable("arithmetic on a quoted literal (PostgreSQL reads it as "
+                                  "the other side's type)")
         # PostgreSQL resolves float8 (op) numeric as float8 (op) float8
         if isinstance(a, float) and isinstance(b, Decimal):
             b = float(b)

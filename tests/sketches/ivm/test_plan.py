@@ -79,6 +79,8 @@ def test_parse_expression_leaves_and_three_valued_logic() -> None:
         parse_expression("t.g > 'm'", leaves).eval(("z", 1))
     with pytest.raises(NotMaintainable, match="quoted literal"):  # '5' is 5 in PostgreSQL
         parse_expression("sum(t.v) <> '5'", leaves).eval(("z", 5))
+    with pytest.raises(NotMaintainable, match="quoted literal"):
+        parse_expression("sum(t.v) + '5' > 3", leaves).eval(("z", 5))
 
 
 def test_arithmetic_keeps_postgresqls_ranges() -> None:
