@@ -56,6 +56,7 @@ HAVING count(*) sketch missed the group. Others differ too: timetz (equal instan
 zones are two values in PostgreSQL), inet and cidr (another order), jsonb and arrays (loaded
 unhashable), ranges and composites."""
 _ARITH_TYPES = frozenset({*INT_BOUNDS, FLOAT8, 1700})
+_COLLATABLE = frozenset({25, 1042, 1043})   # text, character(n), varchar ("char", name: C)
 _SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits")
 _XID32 = 1 << 32
 
@@ -100,8 +101,12 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     if arith:
         pipeline = compile(analysis, targets, params, arith_types=arith)
     args = [(f.func, a) for f, a in zip(spec.aggs, spec.agg_sql, strict=True) if a is not None]
-    oids = _types(conn, spec.tables, [*(a for _f, a in args), *spec.group_sql,
-                                      *(p for t in spec.tables for p in t.payload)])
+    exprs = [*(a for _f, a in args), *spec.group_sql, *(p for t in spec.tables for p in t.payload)]
+    compared = _compared(spec)
+    exprs += [e for e in compared if e not in exprs]
+    oids = _types(conn, spec.tables, exprs)
+    typed = dict(zip(exprs, oids, strict=True))
+    _refuse_nondeterministic(conn, spec.tables, [e for e in compared if typed[e] in _COLLATABLE])
     if any(func in ("sum", "avg") and o in FLOAT_OIDS
            for (func, _a), o in zip(args, oids, strict=False)):
         raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
@@ -115,6 +120,40 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
             raise NotMaintainable(f"values of type {', '.join(row[0] if row else [])} are "
                                   "not held by the engine (see incremental.ENGINE_TYPES)")
     return pipeline
+
+
+def _compared(spec: PlanSpec) -> list[str]:
+    """The expressions whose values the engine tells apart by Python's equality: group keys,
+    join keys and, for DISTINCT, every column."""
+    out = [*spec.group_sql, *(e for j in spec.joins for e in (*j.left_sql, *j.right_sql))]
+    if spec.kind == "distinct":
+        out += [p for t in spec.tables for p in t.payload]
+    return list(dict.fromkeys(out))
+
+
+def _refuse_nondeterministic(conn: Conn, tables: Sequence[TableSpec],
+                             texts: Sequence[str]) -> None:
+    """Raises :class:`NotMaintainable` when one of the text expressions ``texts`` has a
+    nondeterministic collation: PostgreSQL groups and joins ``'a'`` with ``'A'`` under a
+    case-insensitive one, Python's equality does not. (Found: a group of ``GROUP BY k, s``
+    counted its ``'C'`` rows apart from its ``'c'`` rows and the sketch missed it.)"""
+    if not texts:
+        return
+    joined = sql.SQL(" CROSS JOIN ").join(
+        sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
+        for t in tables)
+    if len(tables) > 1:
+        joined = sql.SQL("({})").format(joined)
+    row = conn.execute(sql.SQL(
+        "SELECT string_agg(DISTINCT c.collname, ', ') FROM (SELECT ARRAY[{}] AS names"
+        " FROM (SELECT) AS imp_one LEFT JOIN {} ON false) AS x, unnest(x.names) AS n(name)"
+        " JOIN pg_catalog.pg_collation AS c ON c.oid = n.name::regcollation"
+        " WHERE NOT c.collisdeterministic").format(
+            sql.SQL(", ").join(sql.SQL("pg_collation_for({})").format(sql.SQL(e))
+                               for e in texts), joined)).fetchone()
+    if row is not None and row[0] is not None:
+        raise NotMaintainable(f"a group, join or DISTINCT key has the nondeterministic "
+                              f"collation {row[0]}: PostgreSQL's equality is not Python's")
 
 
 def _arith_types(conn: Conn, spec: PlanSpec, params: Sequence[object] | None
