@@ -187,20 +187,31 @@ _NOT_FINITE = "('infinity', '-infinity', 'Infinity', '-Infinity', 'NaN')"
 the partition's first or last fragment holds them."""
 
 
-def _finite(array: sql.Composable) -> sql.Composable:
-    """SQL for the elements of ``array`` (a typed array) that are not :data:`_NOT_FINITE`."""
-    return sql.SQL("ARRAY(SELECT x FROM unnest({}) AS x WHERE x::text NOT IN {})").format(
-        array, sql.SQL(_NOT_FINITE))
+_DATED = frozenset({"date", "timestamp without time zone", "timestamp with time zone"})
+"""Types psycopg loads only within years 1 to 9999: a BC date or a later year raises. Such
+values are never bounds either (they sort first or last, like ±infinity); the margin of a
+year on each side keeps a timestamptz in range in any time zone."""
+
+
+def _finite(array: sql.Composable, value_type: str) -> sql.Composable:
+    """SQL for the elements of ``array`` (a typed array of ``value_type``) Python can hold
+    and order: not :data:`_NOT_FINITE`, and for :data:`_DATED` types within years 2 to
+    9998."""
+    cond = sql.SQL("x::text NOT IN {}").format(sql.SQL(_NOT_FINITE))
+    if value_type in _DATED:
+        cond = sql.SQL("{} AND x >= '0002-01-01' AND x < '9999-01-01'").format(cond)
+    return sql.SQL("ARRAY(SELECT x FROM unnest({}) AS x WHERE {})").format(array, cond)
 
 
 def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
-    """Histogram bounds and most common values of the column, typed, NULL-free, finite."""
+    """Histogram bounds and most common values of the column, typed, NULL-free, and values
+    Python can hold and order (:func:`_finite`)."""
     typed = sql.SQL(info.value_type)
     row = conn.execute(
         sql.SQL("SELECT {}, {} FROM pg_stats WHERE schemaname = %s AND tablename = %s"
                 " AND attname = %s").format(
-            _finite(sql.SQL("histogram_bounds::text::{}[]").format(typed)),
-            _finite(sql.SQL("most_common_vals::text::{}[]").format(typed))),
+            _finite(sql.SQL("histogram_bounds::text::{}[]").format(typed), info.value_type),
+            _finite(sql.SQL("most_common_vals::text::{}[]").format(typed), info.value_type)),
         (info.schema, info.table, info.column)).fetchone()
     if row is None:
         return []
@@ -276,7 +287,8 @@ def _exact_quantiles(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: in
     quantiles = sql.SQL("(SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {})"
                         " FROM {})").format(sql.Identifier(info.column),
                                             sql.Identifier(info.schema, info.table))
-    row = conn.execute(sql.SQL("SELECT {}").format(_finite(quantiles)), (fractions,)).fetchone()
+    row = conn.execute(sql.SQL("SELECT {}").format(_finite(quantiles, info.value_type)),
+                       (fractions,)).fetchone()
     if row is None or row[0] is None:
         return []
     return sorted({v for v in row[0] if v is not None})

@@ -221,16 +221,18 @@ def test_nondeterministic_collation_is_refused(conn: psycopg.Connection[Any]) ->
     ("inf_d", "date", "'infinity', '-infinity'"),
     ("nan_n", "numeric", "'NaN', 'Infinity', '-Infinity'"),
     ("nan_f", "float8", "'NaN', 'Infinity', '-Infinity'"),
+    ("far_d", "date", "'0044-03-15 BC', '12000-01-01'"),
+    ("far_ts", "timestamp", "'0100-01-01 00:00:00 BC', '15000-01-01 00:00:00'"),
 ])
 def test_infinite_and_nan_values_are_never_bounds(conn: psycopg.Connection[Any], table: str,
                                                   column: str, extremes: str) -> None:
     """±infinity (psycopg cannot load a timestamp or date of it) and NaN (Python cannot order
-    it) are left out of the bounds; PostgreSQL orders them first or last, so the first or last
-    fragment holds them, in SQL as in the partition (found: every capture on such a column
-    failed, and ran ANALYZE again each time). Also through exact quantiles (a tiny table)."""
-    base = "timestamptz '2020-01-01'" if column == "timestamptz" else (
-        "date '2020-01-01'" if column == "date" else "0")
-    step = "i * interval '1 hour'" if column == "timestamptz" else "i"
+    it) are left out of the bounds, and so are BC dates and years after 9999 (psycopg loads
+    neither); PostgreSQL orders them first or last, so the first or last fragment holds them,
+    in SQL as in the partition (found: every capture on such a column failed, and ran ANALYZE
+    again each time). Also through exact quantiles (a tiny table)."""
+    base = f"{column} '2020-01-01'" if column in ("timestamptz", "timestamp", "date") else "0"
+    step = "i * interval '1 hour'" if column.startswith("timestamp") else "i"
     for name, rows in ((table, 5000), (f"{table}_tiny", 3)):
         conn.execute(sql.SQL(
             "CREATE TABLE {} AS SELECT ({} + {})::{} AS a FROM generate_series(1, {}) AS i"
