@@ -187,19 +187,25 @@ _NOT_FINITE = "('infinity', '-infinity', 'Infinity', '-Infinity', 'NaN')"
 the partition's first or last fragment holds them."""
 
 
-_DATED = frozenset({"date", "timestamp without time zone", "timestamp with time zone"})
-"""Types psycopg loads only within years 1 to 9999: a BC date or a later year raises. Such
-values are never bounds either (they sort first or last, like ±infinity); the margin of a
-year on each side keeps a timestamptz in range in any time zone."""
+_DATED = "x >= '0002-01-01' AND x < '9999-01-01'"
+_LOADABLE = {
+    "date": _DATED, "timestamp without time zone": _DATED, "timestamp with time zone": _DATED,
+    "time without time zone": "left(x::text, 3) <> '24:'",
+    "time with time zone": "left(x::text, 3) <> '24:'",
+}
+"""Conditions on the values psycopg loads, by type: dates and timestamps within years 1 to
+9999 (a BC date or a later year raises; the margin of a year on each side keeps a
+timestamptz in range in any time zone), and times before 24:00:00 (PostgreSQL's last
+time, which Python's ``time`` cannot hold). Other values are never bounds either: they sort
+first or last, like ±infinity."""
 
 
 def _finite(array: sql.Composable, value_type: str) -> sql.Composable:
     """SQL for the elements of ``array`` (a typed array of ``value_type``) Python can hold
-    and order: not :data:`_NOT_FINITE`, and for :data:`_DATED` types within years 2 to
-    9998."""
+    and order: not :data:`_NOT_FINITE`, and within :data:`_LOADABLE`."""
     cond = sql.SQL("x::text NOT IN {}").format(sql.SQL(_NOT_FINITE))
-    if value_type in _DATED:
-        cond = sql.SQL("{} AND x >= '0002-01-01' AND x < '9999-01-01'").format(cond)
+    if value_type in _LOADABLE:
+        cond = sql.SQL("{} AND {}").format(cond, sql.SQL(_LOADABLE[value_type]))
     return sql.SQL("ARRAY(SELECT x FROM unnest({}) AS x WHERE {})").format(array, cond)
 
 

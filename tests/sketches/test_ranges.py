@@ -223,16 +223,20 @@ def test_nondeterministic_collation_is_refused(conn: psycopg.Connection[Any]) ->
     ("nan_f", "float8", "'NaN', 'Infinity', '-Infinity'"),
     ("far_d", "date", "'0044-03-15 BC', '12000-01-01'"),
     ("far_ts", "timestamp", "'0100-01-01 00:00:00 BC', '15000-01-01 00:00:00'"),
+    ("end_t", "time", "'24:00:00'"),
 ])
 def test_infinite_and_nan_values_are_never_bounds(conn: psycopg.Connection[Any], table: str,
                                                   column: str, extremes: str) -> None:
     """±infinity (psycopg cannot load a timestamp or date of it) and NaN (Python cannot order
-    it) are left out of the bounds, and so are BC dates and years after 9999 (psycopg loads
-    neither); PostgreSQL orders them first or last, so the first or last fragment holds them,
-    in SQL as in the partition (found: every capture on such a column failed, and ran ANALYZE
-    again each time). Also through exact quantiles (a tiny table)."""
-    base = f"{column} '2020-01-01'" if column in ("timestamptz", "timestamp", "date") else "0"
-    step = "i * interval '1 hour'" if column.startswith("timestamp") else "i"
+    it) are left out of the bounds, and so are BC dates, years after 9999 and the time
+    24:00:00 (psycopg loads none of them); PostgreSQL orders them first or last, so the first
+    or last fragment holds them, in SQL as in the partition (found: every capture on such a
+    column failed, and ran ANALYZE again each time). Also through exact quantiles (a tiny
+    table)."""
+    base = {"timestamptz": "timestamptz '2020-01-01'", "timestamp": "timestamp '2020-01-01'",
+            "date": "date '2020-01-01'", "time": "time '00:00'"}.get(column, "0")
+    step = {"date": "i", "time": "i * interval '1 second'"}.get(
+        column, "i * interval '1 hour'" if column.startswith("timestamp") else "i")
     for name, rows in ((table, 5000), (f"{table}_tiny", 3)):
         conn.execute(sql.SQL(
             "CREATE TABLE {} AS SELECT ({} + {})::{} AS a FROM generate_series(1, {}) AS i"
