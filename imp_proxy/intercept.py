@@ -160,12 +160,25 @@ def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
             elif oid == 1700:
                 out.append(Decimal(text))
             elif oid == 16:
-                out.append(text.strip().lower() in ("t", "true", "1", "yes", "on", "y"))
+                out.append(pg_bool(text))
             else:
                 out.append(text)
         except (ValueError, InvalidOperation):
             return None
     return out
+
+
+def pg_bool(text: str) -> bool:
+    """PostgreSQL's boolean input (``parse_bool``): any prefix of ``true``/``yes`` or of
+    ``false``/``no``, ``on``/``off`` (two letters at least), ``1``/``0``, case and surrounding
+    white space ignored; raises ValueError for anything else, as PostgreSQL fails. (A set of
+    six spellings read ``'tr'`` as false, where PostgreSQL reads true.)"""
+    s = text.strip(" \t\n\r\v\f").lower()
+    if s and ("true".startswith(s) or "yes".startswith(s) or s in ("on", "1")):
+        return True
+    if s and ("false".startswith(s) or "no".startswith(s) or s in ("of", "off", "0")):
+        return False
+    raise ValueError(f"invalid input syntax for type boolean: {text!r}")
 
 
 def _parameter_types(msg: bytes) -> tuple[int, ...]:
