@@ -123,7 +123,7 @@ def batch_shape(data: bytes, pos: int, max_size: int,
 
 # ------------------------------------------------------------------ parameters
 
-_TEXT_INT = {20, 21, 23, 26}
+_TEXT_INT = {20, 21, 23}   # not oid: PostgreSQL reads "-1" as 4294967295
 _BINARY = {21: INT16, 23: INT32, 20: INT64, 700: FLOAT4, 701: FLOAT8}
 
 
