@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, check_blanks, columns
+from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, columns
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
@@ -89,16 +89,13 @@ def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
     """:class:`Cmp` of a value with a non-NULL, non-text constant (a float8 on either side:
     compared as float8, as in PostgreSQL: :func:`sketches.ivm.expr.as_float8`)."""
     compare = _CMP[op]
-    ordering = op not in ("=", "<>", "!=")
     float_const = type(const) is float
 
     def test(a: object) -> object:
         if a is None:
             return None
-        if isinstance(a, str):
-            if ordering:
-                raise NotMaintainable("text ordering depends on the collation: not evaluated")
-            check_blanks(a, const)
+        if isinstance(a, str):   # as Cmp.eval: text beside a non-text constant
+            raise NotMaintainable("a text value compared with a non-text constant")
         if float_const or type(a) is float:
             return compare(as_float8(a), as_float8(const))
         return compare(a, const)
