@@ -53,7 +53,11 @@ log = logging.getLogger(__name__)
 # text ("$user", public) names other schemas on the service connection, another role's
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
-                  + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS))
+                  + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
+                  + ", current_setting('default_transaction_isolation') = 'serializable'")
+SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
+                "wrapping, and a query that reads only some fragments, would hide its reads "
+                "from PostgreSQL's serializable conflict checks")
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
@@ -222,6 +226,9 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     text = rows[0].values[2]
     snapshot_text = text.decode() if text is not None else None
     settings = tuple((v or b"").decode() for v in rows[0].values[3:3 + len(SESSION_SETTINGS)])
+    if rows[0].values[3 + len(SESSION_SETTINGS)] == b"t":
+        await _rollback(s)
+        raise Fallback(SERIALIZABLE)
     params: list[object] | None = None
     if bind is not None:
         described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
