@@ -49,9 +49,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the search_path as the client's session resolves it (lookup.EFFECTIVE_SEARCH_PATH): its
-# text ("$user", public) names other schemas on the service connection, another role's
-BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_export_snapshot(), "
+# The search_path is read as the client's session resolves it (lookup.EFFECTIVE_SEARCH_PATH):
+# its text ("$user", public) would name another role's schemas on the service connection.
+# idle_in_transaction_session_timeout is off for the wrapping: the client's backend waits in
+# it while a service connection prepares (a capture can take seconds), and a client timeout
+# shorter than that ended the session (found: FATAL 25P03 where PostgreSQL ran the query).
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
+                  " SET LOCAL idle_in_transaction_session_timeout = 0;"
+                  " SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", current_setting('default_transaction_isolation') = 'serializable'")

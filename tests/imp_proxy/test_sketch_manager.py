@@ -229,6 +229,29 @@ def _same_rows_as(proxied: psycopg.Connection[Any], direct: psycopg.Connection[A
     assert proxied.execute(q, args).fetchall() == direct.execute(q, args).fetchall()
 
 
+def test_a_short_idle_in_transaction_timeout_survives_the_wrapping(ldsn: str,
+                                                                   db_dsn: str) -> None:
+    """The client's backend waits inside the proxy's transaction while a service connection
+    captures or maintains: a client whose idle_in_transaction_session_timeout was shorter
+    lost its session (found: FATAL 25P03 on the first capture, where PostgreSQL answers).
+    The wrapping turns the timeout off for its own transaction only."""
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        c.execute("SET idle_in_transaction_session_timeout = '1ms'")
+        c.execute("IMP DROP ALL SKETCHES")   # a capture first: the longest wait
+        wrapped = int(stats(c)["proxy.wrapped"])
+        for i in range(4):
+            _same_rows_as(c, d, HAVING)
+            _same_rows_as(c, d, TOPK)
+            d.execute("UPDATE sm SET v = v WHERE id = %s", (i + 1,))   # prepare anew next time
+        assert int(stats(c)["proxy.wrapped"]) >= wrapped + 8
+        assert c.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1ms",)
+        c.execute("BEGIN")   # the session's own timeout still holds in its own transactions
+        time.sleep(0.2)
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            c.execute("SELECT 1")
+
+
 def test_dropping_sketches(ldsn: str) -> None:
     with psycopg.connect(ldsn, autocommit=True) as c:
         c.execute(HAVING).fetchall()
