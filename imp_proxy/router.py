@@ -24,6 +24,8 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from sketches.background import service_session
+
 from .admin import AdminError
 
 log = logging.getLogger(__name__)
@@ -256,6 +258,7 @@ class ServicePools:
             if p is None:
                 conninfo = psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
                 p = ConnectionPool(conninfo, min_size=1, max_size=self._max, open=True,
+                                   configure=service_session,
                                    kwargs={"autocommit": True,
                                            "prepare_threshold": PREPARE_WHEN_ASKED,
                                            "connect_timeout": max(1, int(self._timeout))},

@@ -43,6 +43,15 @@ LOCK_WAIT = 0.05
 GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
 
 
+
+def service_session(conn: psycopg.Connection[Any]) -> None:
+    """Sets up a connection of the proxy's own (a service or maintenance connection): no
+    ``idle_in_transaction_session_timeout``, which a database or role default may set for
+    clients. Its transactions wait on Python between statements (a large delta's step, a
+    state build), and a short timeout ended them part-way: every capture and maintenance
+    failed, and the queries passed through."""
+    conn.execute("SET idle_in_transaction_session_timeout = 0")
+
 class Background(threading.Thread):
     def __init__(self, manager: IncrementalMaintenance, conninfo: dict[str, Any]) -> None:
         super().__init__(name="imp-maintenance", daemon=True)
@@ -85,6 +94,7 @@ class Background(threading.Thread):
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(**self.conninfo, autocommit=True,
                                          application_name="imp-maintenance")
+            service_session(self._conn)
         return self._conn
 
     def _drop_connection(self) -> None:

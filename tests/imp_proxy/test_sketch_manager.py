@@ -252,6 +252,32 @@ def test_a_short_idle_in_transaction_timeout_survives_the_wrapping(ldsn: str,
             c.execute("SELECT 1")
 
 
+def test_a_database_default_idle_timeout_leaves_the_proxy_working(
+        library_proxy: ProxyProcess, fresh_db: Callable[[], str]) -> None:
+    """A database whose default idle_in_transaction_session_timeout is very short: its
+    clients (in autocommit) and the proxy's own connections get it. The proxy's transactions
+    wait on Python between statements, and were ended part-way (found: every capture failed
+    and the queries passed through); its own connections now turn the timeout off."""
+    dsn = fresh_db()
+    with psycopg.connect(dsn, autocommit=True) as d:
+        d.execute("CREATE TABLE it (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute("INSERT INTO it SELECT i, i % 100, (i * 37) % 1000"
+                  " FROM generate_series(1, 20000) i")
+        d.execute("ANALYZE it")
+        d.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout"
+                                  " = '1ms'").format(psycopg.sql.Identifier(d.info.dbname)))
+    q = "SELECT g, sum(v) FROM it GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
+    with psycopg.connect(dsn, autocommit=True) as d, \
+            psycopg.connect(via_proxy(dsn, library_proxy.port), autocommit=True) as c:
+        assert c.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1ms",)
+        fallbacks = int(stats(c)["proxy.fallbacks"])
+        rounds_until_used(c, lambda: _same_rows_as(c, d, q))
+        for i in range(3):   # maintained (or captured again) on the service connection
+            d.execute("UPDATE it SET v = v + 500 WHERE id = %s", (i + 1,))
+            _same_rows_as(c, d, q)
+        assert int(stats(c)["proxy.fallbacks"]) == fallbacks, stats(c)
+
+
 def test_dropping_sketches(ldsn: str) -> None:
     with psycopg.connect(ldsn, autocommit=True) as c:
         c.execute(HAVING).fetchall()
