@@ -122,22 +122,33 @@ def load_hook(spec: str | None, library: Sequence[tuple[str, str]] = (),
               spark: Sequence[tuple[str, str]] = ()) -> SketchHook | None:
     """The sketch hook: ``MODULE:CALLABLE`` or SketchManager when the library is present
     (with ``library`` overriding fields of its SketchSettings, and the heavy backend built
-    from ``heavy_backend`` and the ``[spark]`` settings ``spark``)."""
-    if spec:
-        module, _, attr = spec.partition(":")
-        factory = getattr(importlib.import_module(module), attr or "create_hook")
+    from ``heavy_backend`` and the ``[spark]`` settings ``spark``). A factory whose hooks
+    belong to one database (``PER_DATABASE``: the library's manager, also when named with
+    ``--hook``; found: named so, one manager served every database, and a sketch of one
+    database's ``t`` answered another's) is built as the default is: one per database."""
+    factory = _hook_factory(spec)
+    if factory is None:
+        return None
+    if not getattr(factory, "PER_DATABASE", False):
         hook: SketchHook = factory()
         return hook
+    from sketches.manager import SketchSettings
+    settings = library_settings(SketchSettings, library)
+    backend = make_backend(heavy_backend, spark)
+    # the heavy backend is shared (thread-safe: decisions under a lock, one Spark session)
+    return PerDatabase(lambda: factory(settings, backend=backend))
+
+
+def _hook_factory(spec: str | None) -> Any:
+    """The callable ``spec`` names, else the library's SketchManager (None without it)."""
+    if spec:
+        module, _, attr = spec.partition(":")
+        return getattr(importlib.import_module(module), attr or "create_hook")
     try:
-        manager_mod = importlib.import_module("sketches.manager")
+        return importlib.import_module("sketches.manager").SketchManager
     except ImportError as exc:
         log.warning("sketch library not available (%s): relaying only", exc)
         return None
-    settings = library_settings(manager_mod.SketchSettings, library)
-    backend = make_backend(heavy_backend, spark)
-    # one manager per database: its sketches and catalog belong to that database; the heavy
-    # backend is shared (thread-safe: decisions under a lock, one Spark session per process)
-    return PerDatabase(lambda: manager_mod.SketchManager(settings, backend=backend))
 
 
 def make_backend(mode: str, spark: Sequence[tuple[str, str]] = ()) -> RoutedBackend:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -146,6 +146,10 @@ class Prepared:
 class SketchManager(IncrementalMaintenance):
     """Thread-safe facade; one lock per template plus one for shared maps. Incremental
     maintenance: :class:`sketches.maintained.IncrementalMaintenance`."""
+
+    PER_DATABASE: ClassVar[bool] = True
+    """Its templates, sketches, partitions and catalog belong to one database: a server that
+    serves several keeps one manager per database, however it was named."""
 
     def __init__(self, settings: SketchSettings | None = None,
                  maintenance: MaintenanceStrategy | None = None,
