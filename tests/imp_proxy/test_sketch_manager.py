@@ -278,28 +278,6 @@ def test_a_database_default_idle_timeout_leaves_the_proxy_working(
         assert int(stats(c)["proxy.fallbacks"]) == fallbacks, stats(c)
 
 
-def test_the_manager_named_as_hook_keeps_databases_apart(
-        library_proxy: ProxyProcess, fresh_db: Callable[[], str]) -> None:
-    """``--hook sketches.manager:SketchManager`` (what ``--help`` calls the default) builds one
-    manager per database as the default does. Found: it built one for all, and the sketch of
-    ``t`` captured in one database rewrote the same query on the other database's ``t``."""
-    q = "SELECT g, sum(v) FROM dbt GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
-    dsns = [fresh_db(), fresh_db()]
-    for n, dsn in enumerate(dsns):
-        with psycopg.connect(dsn, autocommit=True) as d:
-            d.execute("CREATE TABLE dbt (g int NOT NULL, v int NOT NULL)")
-            d.execute("INSERT INTO dbt SELECT i %% 1000, CASE WHEN %s = 0 THEN i"
-                      " ELSE 100000 - i END FROM generate_series(1, 100000) i", (n,))
-            d.execute("ANALYZE dbt")
-    for dsn in dsns + dsns:
-        with psycopg.connect(dsn, autocommit=True) as d, \
-                psycopg.connect(via_proxy(dsn, library_proxy.port), autocommit=True) as c:
-            for _ in range(2):
-                _same_rows_as(c, d, q)
-            shown = c.execute("IMP SHOW SKETCHES").fetchall()
-            assert len([r for r in shown if "dbt" in str(r[2])]) == 1, shown
-
-
 def test_dropping_sketches(ldsn: str) -> None:
     with psycopg.connect(ldsn, autocommit=True) as c:
         c.execute(HAVING).fetchall()

@@ -36,7 +36,7 @@ from psycopg import sql
 from imp_proxy.embedded import LocalPostgres
 from tests.imp_proxy.conftest import ROOT, ProxyProcess
 
-from .conftest import stats, via_proxy
+from .conftest import LaunchProxy, stats, via_proxy
 
 PASSWORD = "Corr3ct-h0rse-" + uuid.uuid4().hex[:8]
 SERVICE_PASSWORD = "Svc-s3cret-" + uuid.uuid4().hex[:8]
@@ -479,9 +479,16 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                 assert explain["decision"] == "passthrough", explain
 
 
-def test_databases_never_share_sketches(fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+@pytest.mark.parametrize("hook", [None, "sketches.manager:SketchManager"])
+def test_databases_never_share_sketches(fresh_db: Any, launch: LaunchProxy,
+                                        sketch_proxy: ProxyProcess, hook: str | None) -> None:
     """Same table name and query text in two databases, different data: each answer exact,
-    and IMP SHOW SKETCHES in one database lists none of the other's."""
+    and IMP SHOW SKETCHES in one database lists none of the other's. Also with the manager
+    named by ``--hook``, which ``--help`` calls the default (found: named so, one manager
+    served every database, and the sketch of one database's ``t`` answered the other's with 0
+    rows instead of 99)."""
+    if hook is not None:
+        sketch_proxy = launch("--hook", hook)
     dbs = [str(fresh_db()), str(fresh_db())]
     for n, dsn in enumerate(dbs):
         with psycopg.connect(dsn, autocommit=True) as c:
