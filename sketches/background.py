@@ -43,7 +43,6 @@ LOCK_WAIT = 0.05
 GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
 
 
-
 def service_session(conn: psycopg.Connection[Any]) -> None:
     """Sets up a connection of the proxy's own (a service or maintenance connection): no
     ``idle_in_transaction_session_timeout``, which a database or role default may set for
@@ -51,6 +50,7 @@ def service_session(conn: psycopg.Connection[Any]) -> None:
     state build), and a short timeout ended them part-way: every capture and maintenance
     failed, and the queries passed through."""
     conn.execute("SET idle_in_transaction_session_timeout = 0")
+
 
 class Background(threading.Thread):
     def __init__(self, manager: IncrementalMaintenance, conninfo: dict[str, Any]) -> None:

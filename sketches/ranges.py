@@ -19,8 +19,10 @@ byte order is code point order), which is what the project's clusters use (``ini
 --locale=C``). Under a linguistic collation the SQL side is still self-consistent (capture and
 skipping predicate use the same comparison, so results stay exact), but ``fragment_of`` may
 disagree with SQL near bounds. NaN and ±infinity are never bounds (PostgreSQL orders them
-first or last, so the first or last fragment holds them). Columns of types psycopg does not
-load (enums, user-created and extension types) are not partitioned: PartitionError.
+first or last, so the first or last fragment holds them), nor are values psycopg cannot load
+(BC dates, years after 9999, the time 24:00:00; :data:`_LOADABLE`). Columns of types
+psycopg does not load (enums, user-created and extension types) are not partitioned:
+PartitionError.
 
 Bounds come from ``pg_stats`` (the equi-depth histogram plus the most common values) after
 ``ANALYZE``; when more fragments are wanted than the histogram has, the column's statistics
