@@ -288,7 +288,7 @@ class Router:
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
             "answered_in_memory": 0, "passthrough": 0, "fallbacks": 0, "admin_commands": 0,
-            "connections": 0,
+            "connections": 0, "cancelled": 0,
         }
 
     def count(self, key: str, n: int = 1) -> None:

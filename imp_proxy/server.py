@@ -11,7 +11,7 @@ import contextlib
 import logging
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,7 @@ class ProxyServer:
         self.ssl_context = self._ssl_context(config)
         self.sessions: set[Session] = set()
         self._cancel_keys: dict[tuple[int, int], tuple[int, int]] = {}
+        self._cancel_hooks: dict[tuple[int, int], Callable[[], None]] = {}
         self._server: asyncio.Server | None = None
         self.loop: asyncio.AbstractEventLoop  # set by start()
 
@@ -184,12 +185,17 @@ class ProxyServer:
 
     # ---- cancellation
 
-    def register_cancel_key(self, proxy_key: tuple[int, int],
-                            upstream_key: tuple[int, int]) -> None:
+    def register_cancel_key(self, proxy_key: tuple[int, int], upstream_key: tuple[int, int],
+                            on_cancel: Callable[[], None] | None = None) -> None:
+        """``on_cancel``: told of each CancelRequest for the key (the session, which may be
+        wrapping the query the client wants cancelled)."""
         self._cancel_keys[proxy_key] = upstream_key
+        if on_cancel is not None:
+            self._cancel_hooks[proxy_key] = on_cancel
 
     def unregister_cancel_key(self, proxy_key: tuple[int, int]) -> None:
         self._cancel_keys.pop(proxy_key, None)
+        self._cancel_hooks.pop(proxy_key, None)
 
     async def forward_cancel(self, pid: int, secret: int) -> None:
         """A client's CancelRequest (with the proxy's key) → the upstream's, on a fresh
@@ -198,6 +204,9 @@ class ProxyServer:
         if upstream_key is None:
             log.info("CancelRequest with an unknown key ignored")
             return
+        hook = self._cancel_hooks.get((pid, secret))
+        if hook is not None:
+            hook()
         await self.send_cancel(*upstream_key)
 
     async def send_cancel(self, pid: int, secret: int) -> None:

@@ -111,6 +111,8 @@ class Session(LocalAdmin):
         self.pending = 0                 # ReadyForQuery messages the client still expects
         self.batch_open = False          # extended-protocol messages forwarded since last Sync
         self.hold = False                # the proxy is busy with an intercepted statement
+        self.wrapping = False            # intercept is wrapping a query of the client's
+        self.cancelled = False           # a CancelRequest arrived during that wrapping
         self.read_blocks = 0
         self.params: dict[str, str] = {}
         self.tls = False
@@ -406,6 +408,13 @@ class Session(LocalAdmin):
 
     # ---- talking to the backend on the client's connection (used by intercept.py)
 
+    def cancel_requested(self) -> None:
+        """The client sent a CancelRequest. While the proxy wraps a query (``wrapping``),
+        the backend mostly waits idle in the proxy's transaction, where PostgreSQL ignores a
+        cancel: ``cancelled`` tells the wrapping to answer it (``intercept``)."""
+        if self.wrapping:
+            self.cancelled = True
+
     def enter_parse_mode(self) -> None:
         self.reader = MessageReader()
 
@@ -501,7 +510,8 @@ class Session(LocalAdmin):
                 self.upstream_key = (key.pid, key.secret)
                 # same pid (pg_backend_pid() and NOTIFY pids stay meaningful), own secret
                 self.proxy_key = (key.pid, secrets.randbits(31))
-                self.server.register_cancel_key(self.proxy_key, self.upstream_key)
+                self.server.register_cancel_key(self.proxy_key, self.upstream_key,
+                                                self.cancel_requested)
                 msg = codec.encode_backend_key_data(*self.proxy_key)
             elif typ == READY_FOR_QUERY:
                 ready = True

@@ -278,6 +278,40 @@ def test_a_database_default_idle_timeout_leaves_the_proxy_working(
         assert int(stats(c)["proxy.fallbacks"]) == fallbacks, stats(c)
 
 
+@pytest.mark.parametrize("how", ["simple", "extended", "prepared"])
+def test_a_cancel_during_the_wrapping_cancels_the_query(
+        library_proxy: ProxyProcess, fresh_db: Callable[[], str], how: str) -> None:
+    """The client's backend waits idle in the proxy's transaction while a service connection
+    captures, and PostgreSQL ignores a cancel there: the query ran to its end (found: all
+    its rows after 2.6 s where PostgreSQL cancels at 0.3 s). Here the capture waits on a lock
+    another session holds; the client cancels, then the lock goes. Through the proxy as
+    directly: PostgreSQL's own ``57014``, and the session (and a prepared statement) works
+    on."""
+    dsn = fresh_db()
+    q = "SELECT g, sum(v) FROM cx GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
+    with psycopg.connect(dsn, autocommit=True) as d:
+        d.execute("CREATE TABLE cx (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute("INSERT INTO cx SELECT i, i % 100, (i * 37) % 1000"
+                  " FROM generate_series(1, 20000) i")
+        d.execute("ANALYZE cx")
+        want = d.execute(q).fetchall()
+    for target in (dsn, via_proxy(dsn, library_proxy.port)):
+        with psycopg.connect(dsn) as locker, psycopg.connect(target, autocommit=True) as c:
+            c.execute("IMP DROP ALL SKETCHES" if target != dsn else "SELECT 1")
+            locker.execute("LOCK TABLE cx IN ACCESS EXCLUSIVE MODE")
+            threading.Timer(0.3, c.cancel).start()
+            threading.Timer(0.8, locker.commit).start()
+            with pytest.raises(psycopg.errors.QueryCanceled) as info:
+                if how == "simple":
+                    psycopg.ClientCursor(c).execute(q)
+                else:
+                    c.execute(q, prepare=how == "prepared")
+            assert info.value.diag.message_primary == "canceling statement due to user request"
+            time.sleep(0.6)
+            for _ in range(2):
+                assert c.execute(q, prepare=how == "prepared").fetchall() == want
+
+
 def test_dropping_sketches(ldsn: str) -> None:
     with psycopg.connect(ldsn, autocommit=True) as c:
         c.execute(HAVING).fetchall()
