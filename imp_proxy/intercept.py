@@ -317,6 +317,7 @@ _SELF_CANCEL = (codec.encode_close("S", CANCEL_STATEMENT)
                 + codec.encode_bind(Bind(CANCEL_STATEMENT, CANCEL_STATEMENT, (), (), ()))
                 + codec.encode_execute(CANCEL_STATEMENT))
 _OURS = (CLOSE_COMPLETE, PARSE_COMPLETE, BIND_COMPLETE)
+_DROP_CANCEL = codec.encode_close("S", CANCEL_STATEMENT) + codec.encode_sync()
 
 
 async def _cancelled(s: Session, client_part: bytes, execute: bytes, sync: bytes) -> bool:
@@ -333,7 +334,9 @@ async def _cancelled(s: Session, client_part: bytes, execute: bytes, sync: bytes
     prepares, and PostgreSQL ignores a cancel there; the query then ran to its end (found:
     2.6 s and all its rows where PostgreSQL cancels at 0.3 s)."""
     replies = await s.exchange_with_upstream(
-        client_part + _SELF_CANCEL + execute + (sync or codec.encode_sync()), 1)
+        client_part + _SELF_CANCEL + execute + (sync or codec.encode_sync()) + _DROP_CANCEL, 2)
+    end = next(i for i, (t, _m) in enumerate(replies) if t == READY_FOR_QUERY) + 1
+    replies = replies[:end]   # the rest answers _DROP_CANCEL
     if not client_part and not any(t == ERROR_RESPONSE for t, _m in replies):
         return False
     first = next((i for i, (t, _m) in enumerate(replies) if t == CLOSE_COMPLETE), None)

@@ -310,6 +310,8 @@ def test_a_cancel_during_the_wrapping_cancels_the_query(
             time.sleep(0.6)
             for _ in range(2):
                 assert c.execute(q, prepare=how == "prepared").fetchall() == want
+            names = c.execute("SELECT name FROM pg_prepared_statements").fetchall()
+            assert all(not str(n).startswith("_imp") for (n,) in names), names
 
 
 def test_dropping_sketches(ldsn: str) -> None:
