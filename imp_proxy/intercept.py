@@ -62,7 +62,8 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
                   " SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
-                  + ", current_setting('default_transaction_isolation') = 'serializable'")
+                  + ", current_setting('default_transaction_isolation') = 'serializable',"
+                  " pg_catalog.pg_postmaster_start_time()::text")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
                 "wrapping, and a query that reads only some fragments, would hide its reads "
                 "from PostgreSQL's serializable conflict checks")
@@ -238,6 +239,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     if rows[0].values[3 + len(SESSION_SETTINGS)] == b"t":
         await _rollback(s)
         raise Fallback(SERIALIZABLE)
+    started = (rows[0].values[4 + len(SESSION_SETTINGS)] or b"").decode()
     params: list[object] | None = None
     if bind is not None:
         described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
@@ -248,6 +250,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
             raise Fallback("a parameter cannot be decoded")
     try:
         outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
+                                         started=started,
                                          explain=explain, snapshot_text=snapshot_text,
                                          settings=settings)
     except Exception as exc:  # the library or the service connection failed: pass through

@@ -330,7 +330,8 @@ class Router:
     async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                       params: Sequence[object] | None, explain: bool = False,
                       snapshot_text: str | None = None,
-                      settings: tuple[str, ...] | None = None) -> PrepareOutcome:
+                      settings: tuple[str, ...] | None = None,
+                      started: str | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -340,7 +341,13 @@ class Router:
         other: ``'2020-01-01'`` is another instant in another TimeZone) — unless only
         ``TEMPORAL_SETTINGS`` differ and the hook ``handles_other_settings``: then it is
         asked (from memory only with an answer for a query those settings do not concern)
-        and passes through the queries they concern."""
+        and passes through the queries they concern. ``started``: the server's
+        ``pg_postmaster_start_time()``, told to a hook that tracks restarts (its optional
+        ``server_started``) before anything is answered from memory."""
+        if started:
+            note = getattr(self._hook_for(dbname), "server_started", None)
+            if note is not None:
+                note(started)
         known = self._service_settings.get(dbname)
         relaxed = False
         if settings is not None and known is not None and known != settings:

@@ -94,3 +94,7 @@ class Answers:
     def get(self, key: Key) -> Answer | None:
         with self._lock:
             return self._answers.get(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._answers.clear()

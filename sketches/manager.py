@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 
 _SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
               "current_setting('transaction_isolation'), "
-              "pg_current_xact_id_if_assigned() IS NULL")
+              "pg_current_xact_id_if_assigned() IS NULL, "
+              "pg_catalog.pg_postmaster_start_time()::text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,7 @@ class SketchManager(IncrementalMaintenance):
         self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
+        self._started: str | None = None   # pg_postmaster_start_time(): see server_started
         self._txn = threading.local()
         self._stats: Counter[str] = Counter()
         self._answers = Answers(self.settings.classify_cache_size)
@@ -315,8 +317,8 @@ class SketchManager(IncrementalMaintenance):
             undo = self._txn.uncommitted = _Uncommitted()
         return undo
 
-    @staticmethod
-    def _setup(conn: psycopg.Connection[Any], search_path: str | None) -> tuple[str, str | None]:
+    def _setup(self, conn: psycopg.Connection[Any],
+               search_path: str | None) -> tuple[str, str | None]:
         """One round trip: the search_path in force (the analysis cache's key) and, inside a
         REPEATABLE READ / SERIALIZABLE transaction that wrote nothing, its snapshot (a sketch
         whose state is at exactly this snapshot needs no maintenance; a transaction with an
@@ -327,9 +329,35 @@ class SketchManager(IncrementalMaintenance):
         else:
             row = conn.execute(_SETUP_SQL.format(lookup.EFFECTIVE_SEARCH_PATH)).fetchone()
         assert row is not None
+        self.server_started(str(row[4]))
         snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
         return str(row[0]), snapshot
+
+    def server_started(self, started: str) -> None:
+        """PostgreSQL's ``pg_postmaster_start_time()`` as last seen. A change means it
+        restarted under the running manager, perhaps after a crash, which empties unlogged
+        tables and can lose transactions the manager saw committed (``synchronous_commit =
+        off``), whose xids PostgreSQL then hands out again: states and answers kept in memory
+        would count rows that are gone, and a later snapshot could read as one they were
+        taken in (found: after a crash and new inserts, 0 rows instead of 1). They are
+        forgotten; the catalog's, written after everything they cover, are read again."""
+        if started == self._started:   # every query of the proxy's: no lock when unchanged
+            return
+        with self._lock:
+            previous, self._started = self._started, started
+        if previous is None or previous == started:
+            return
+        log.warning("PostgreSQL restarted (started %s, before %s): forgetting the sketches, "
+                    "states and answers held in memory", started, previous)
+        with self._lock:
+            self._installed = False
+            self._partitions.clear()
+            self._role_checked.clear()
+            self._own_xids.clear()
+        self._answers.clear()
+        self._count("server_restarts")
+        self._drop_in_memory(loaded=False)
 
     def prepare_cached(self, sql: str, params: Sequence[object] | None, search_path: str,
                        snapshot: str, settings_differ: bool = False) -> Prepared | None:
