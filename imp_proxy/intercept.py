@@ -63,7 +63,7 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", current_setting('default_transaction_isolation') = 'serializable',"
-                  " pg_catalog.pg_postmaster_start_time()::text")
+                  " extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
                 "wrapping, and a query that reads only some fragments, would hide its reads "
                 "from PostgreSQL's serializable conflict checks")

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 _SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
               "current_setting('transaction_isolation'), "
               "pg_current_xact_id_if_assigned() IS NULL, "
-              "pg_catalog.pg_postmaster_start_time()::text")
+              "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text")
 
 
 @dataclass(frozen=True, slots=True)
