@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
-from sketches.lookup import EFFECTIVE_SEARCH_PATH
+from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_STARTED
 
 from . import admin
 from .errors import UpstreamError
@@ -62,8 +62,8 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
                   " SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
-                  + ", current_setting('default_transaction_isolation') = 'serializable',"
-                  " extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text")
+                  + ", current_setting('default_transaction_isolation') = 'serializable', "
+                  + SERVER_STARTED)
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
                 "wrapping, and a query that reads only some fragments, would hide its reads "
                 "from PostgreSQL's serializable conflict checks")

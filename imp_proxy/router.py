@@ -344,8 +344,9 @@ class Router:
         and passes through the queries they concern. ``started``: the server's
         ``pg_postmaster_start_time()``, told to a hook that tracks restarts (its optional
         ``server_started``) before anything is answered from memory."""
+        hook = self._hook_for(dbname)
         if started:
-            note = getattr(self._hook_for(dbname), "server_started", None)
+            note = getattr(hook, "server_started", None)
             if note is not None:
                 note(started)
         known = self._service_settings.get(dbname)
@@ -354,7 +355,7 @@ class Router:
             if self._temporal_only(dbname, settings, known) is None:
                 return _settings_differ(settings, known)
             relaxed = True
-        cached = getattr(self._hook_for(dbname), "prepare_cached", None)
+        cached = getattr(hook, "prepare_cached", None)
         if cached is None or search_path is None:
             snapshot_text = None  # a hook without it reads the snapshot itself
         elif snapshot_text is not None and not explain and (known == settings or relaxed):

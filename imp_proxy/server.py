@@ -121,8 +121,9 @@ class ProxyServer:
                              config.decision_cache_size)
         self.ssl_context = self._ssl_context(config)
         self.sessions: set[Session] = set()
-        self._cancel_keys: dict[tuple[int, int], tuple[int, int]] = {}
-        self._cancel_hooks: dict[tuple[int, int], Callable[[], None]] = {}
+        # proxy key -> (upstream key, the session's note of a cancel)
+        self._cancel_keys: dict[tuple[int, int],
+                                tuple[tuple[int, int], Callable[[], None] | None]] = {}
         self._server: asyncio.Server | None = None
         self.loop: asyncio.AbstractEventLoop  # set by start()
 
@@ -189,24 +190,21 @@ class ProxyServer:
                             on_cancel: Callable[[], None] | None = None) -> None:
         """``on_cancel``: told of each CancelRequest for the key (the session, which may be
         wrapping the query the client wants cancelled)."""
-        self._cancel_keys[proxy_key] = upstream_key
-        if on_cancel is not None:
-            self._cancel_hooks[proxy_key] = on_cancel
+        self._cancel_keys[proxy_key] = (upstream_key, on_cancel)
 
     def unregister_cancel_key(self, proxy_key: tuple[int, int]) -> None:
         self._cancel_keys.pop(proxy_key, None)
-        self._cancel_hooks.pop(proxy_key, None)
 
     async def forward_cancel(self, pid: int, secret: int) -> None:
         """A client's CancelRequest (with the proxy's key) → the upstream's, on a fresh
         connection. Unknown keys are ignored, as PostgreSQL does."""
-        upstream_key = self._cancel_keys.get((pid, secret))
-        if upstream_key is None:
+        known = self._cancel_keys.get((pid, secret))
+        if known is None:
             log.info("CancelRequest with an unknown key ignored")
             return
-        hook = self._cancel_hooks.get((pid, secret))
-        if hook is not None:
-            hook()
+        upstream_key, on_cancel = known
+        if on_cancel is not None:
+            on_cancel()
         await self.send_cancel(*upstream_key)
 
     async def send_cancel(self, pid: int, secret: int) -> None:

@@ -139,9 +139,7 @@ def _refuse_nondeterministic(conn: Conn, tables: Sequence[TableSpec],
     counted its ``'C'`` rows apart from its ``'c'`` rows and the sketch missed it.)"""
     if not texts:
         return
-    joined = sql.SQL(" CROSS JOIN ").join(
-        sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
-        for t in tables)
+    joined = sql.SQL(" CROSS JOIN ").join(_aliased(tables))
     if len(tables) > 1:
         joined = sql.SQL("({})").format(joined)
     row = conn.execute(sql.SQL(
@@ -179,9 +177,7 @@ def _types(conn: Conn, tables: Sequence[TableSpec], exprs: Sequence[str],
     planned, never run."""
     if not exprs:
         return []
-    from_items = sql.SQL(", ").join(
-        sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
-        for t in tables)
+    from_items = sql.SQL(", ").join(_aliased(tables))
     grouping = sql.SQL(" GROUP BY {}").format(sql.SQL(", ").join(
         sql.SQL(g) for g in group_by)) if group_by else sql.SQL("")
     query = sql.SQL("SELECT {} FROM {}{} LIMIT 0").format(
@@ -189,6 +185,12 @@ def _types(conn: Conn, tables: Sequence[TableSpec], exprs: Sequence[str],
     with conn.cursor() as cur:
         cur.execute(query)
         return [d.type_code for d in cur.description or ()]
+
+
+def _aliased(tables: Sequence[TableSpec]) -> list[sql.Composable]:
+    """``relation AS alias`` of each table, as the pipeline's SQL names them."""
+    return [sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
+            for t in tables]
 
 
 def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
@@ -202,15 +204,13 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
     of ``HAVING count(*) < 50`` lacked the group: 0 rows instead of 1). Recapture stays exact
     for them: a changed table is captured anew, an unchanged one reads the same rows."""
     row = conn.execute(
-        "SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', '),"
-        " (SELECT string_agg(c.oid::regclass::text, ', ') FROM unnest(%s::text[]) AS m(name)"
-        "  JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(m.name) WHERE c.relkind = 'm'),"
-        " (SELECT string_agg(c.oid::regclass::text, ', ') FROM unnest(%s::text[]) AS m(name)"
-        "  JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(m.name)"
-        "  WHERE c.relpersistence = 'u')"
+        "SELECT (SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', ')"
+        "  FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = ANY(array_agg(c.oid))),"
+        " string_agg(c.oid::regclass::text, ', ') FILTER (WHERE c.relkind = 'm'),"
+        " string_agg(c.oid::regclass::text, ', ') FILTER (WHERE c.relpersistence = 'u')"
         " FROM unnest(%s::text[]) AS r(name)"
-        " JOIN pg_catalog.pg_inherits AS h ON h.inhparent = to_regclass(r.name)",
-        (list(relations), list(relations), list(relations))).fetchone()
+        " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(r.name)",
+        (list(relations),)).fetchone()
     if row is not None and row[0] is not None:
         raise NotMaintainable(f"{row[0]} has inheritance children or partitions: writes to "
                               "them bypass its audit triggers")

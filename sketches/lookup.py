@@ -66,6 +66,11 @@ schema and pg_catalog where they are searched. Set on another session, it resolv
 names to the same relations; the setting's own text (``"$user", public``) does not."""
 
 
+SERVER_STARTED = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text"
+"""SQL for the server's start time as its epoch, which reads the same in every session (its
+timestamptz text follows the session's TimeZone and DateStyle): a change means PostgreSQL
+restarted (``SketchManager.server_started``)."""
+
 @dataclass(frozen=True, slots=True)
 class Relations:
     """What the query's tables are in this snapshot and search_path.

@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -65,8 +65,7 @@ log = logging.getLogger(__name__)
 
 _SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
               "current_setting('transaction_isolation'), "
-              "pg_current_xact_id_if_assigned() IS NULL, "
-              "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text")
+              "pg_current_xact_id_if_assigned() IS NULL, " + lookup.SERVER_STARTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -958,28 +957,25 @@ value's type comes from the columns and casts around it, which ``Relations.setti
 checks)."""
 
 
+def _param_values(params: Sequence[object] | None) -> Iterator[object]:
+    """The parameter values, a list's elements in its place."""
+    for v in params or ():
+        if isinstance(v, (list, tuple)):
+            yield from _param_values(v)
+        else:
+            yield v
+
+
 def _settings_free_values(params: Sequence[object] | None) -> bool:
     """No parameter holds a date, time, interval or other value of a settings-dependent
     text (lists: each element)."""
-    for v in params or ():
-        if isinstance(v, (list, tuple)):
-            if not _settings_free_values(v):
-                return False
-        elif not isinstance(v, _SETTINGS_FREE_TYPES):
-            return False
-    return True
+    return all(isinstance(v, _SETTINGS_FREE_TYPES) for v in _param_values(params))
 
 
 def _clock_values(params: Sequence[object] | None) -> bool:
     """Does a text parameter (lists: an element) read the clock like a literal of
     :func:`~sketches.sql.grammar.reads_the_clock`?"""
-    for v in params or ():
-        if isinstance(v, (list, tuple)):
-            if _clock_values(v):
-                return True
-        elif isinstance(v, str) and reads_the_clock(v):
-            return True
-    return False
+    return any(isinstance(v, str) and reads_the_clock(v) for v in _param_values(params))
 
 
 def _values(inst: TemplateInstance) -> tuple[object, ...]:
