@@ -220,6 +220,70 @@ class ServiceError(RuntimeError):
     """The proxy's service connection failed (pool exhausted, upstream unreachable)."""
 
 
+class PrepareCancelled(RuntimeError):
+    """The client cancelled its query before a service connection started preparing it."""
+
+
+class ServiceCancel:
+    """Carries a client's CancelRequest to the service connection preparing its query.
+
+    Why: while a service connection captures, the client's backend waits idle in the proxy's
+    transaction, where PostgreSQL ignores a cancel; the capture (seconds on a large table, or
+    waiting on a lock) ran to its end before the client got its ``57014``. A cancel now
+    interrupts the service connection's statements, the prepare fails and the wrapping answers
+    the cancel at once.
+
+    PostgreSQL drops a cancel that reaches a backend between statements (the prepare computing
+    in Python), so it is sent again every :data:`CANCEL_REPEAT` seconds until the prepare lets
+    go of the connection. Thread-safe: :meth:`cancel` runs in one worker thread, the prepare in
+    another; the connection is detached under the same lock, so a cancel is only sent to a
+    connection still preparing this client's query (a signal PostgreSQL delivers late may
+    still reach that connection's next statement, whose prepare then passes its query through:
+    slower, never wrong)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._released = threading.Event()
+        self.requested = False
+
+    @contextlib.contextmanager
+    def attached(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """``conn`` may be cancelled inside; raises :class:`PrepareCancelled` at once when
+        the client cancelled already."""
+        with self._lock:
+            if self.requested:
+                raise PrepareCancelled("the client cancelled its query")
+            self._conn = conn
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._conn = None
+                self._released.set()
+
+    def cancel(self) -> None:
+        """Blocking (each round opens a connection to PostgreSQL): run it in a worker
+        thread."""
+        with self._lock:
+            self.requested = True
+        while True:
+            with self._lock:
+                if self._conn is None:
+                    return
+                try:
+                    self._conn.cancel_safe(timeout=CANCEL_TIMEOUT)
+                except psycopg.Error as exc:
+                    log.warning("cancelling a service connection's prepare failed: %s", exc)
+                    return
+            if self._released.wait(CANCEL_REPEAT):
+                return
+
+
+CANCEL_TIMEOUT = 5.0  # seconds to deliver a cancel to a service connection
+CANCEL_REPEAT = 0.2  # seconds between cancels of a prepare still running
+
+
 # A query can only be sketched if it is a SELECT (or WITH/parenthesised SELECT) that groups,
 # orders or limits; everything else skips the decision cache and the library entirely.
 _SELECTISH = re.compile(rb"\A\s*(?:select|with|\()", re.IGNORECASE)
@@ -331,7 +395,8 @@ class Router:
                       params: Sequence[object] | None, explain: bool = False,
                       snapshot_text: str | None = None,
                       settings: tuple[str, ...] | None = None,
-                      started: str | None = None) -> PrepareOutcome:
+                      started: str | None = None,
+                      cancel: ServiceCancel | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -343,7 +408,8 @@ class Router:
         asked (from memory only with an answer for a query those settings do not concern)
         and passes through the queries they concern. ``started``: the server's
         ``pg_postmaster_start_time()``, told to a hook that tracks restarts (its optional
-        ``server_started``) before anything is answered from memory."""
+        ``server_started``) before anything is answered from memory. ``cancel``: lets the
+        client's CancelRequest interrupt the service connection's work."""
         hook = self._hook_for(dbname)
         if started:
             note = getattr(hook, "server_started", None)
@@ -366,19 +432,21 @@ class Router:
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
-                                       sql, params, explain, snapshot_text, settings)
+                                       sql, params, explain, snapshot_text, settings,
+                                       cancel or ServiceCancel())
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
                           snapshot_text: str | None = None,
-                          settings: tuple[str, ...] | None = None) -> PrepareOutcome:
+                          settings: tuple[str, ...] | None = None,
+                          cancel: ServiceCancel | None = None) -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
         imported, instead of reading it."""
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
-        with self._service(dbname) as conn:
+        with self._service(dbname) as conn, (cancel or ServiceCancel()).attached(conn):
             reported = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
             if settings is not None:   # the unreported ones are compared after the setup
                 assumed = reported + settings[len(reported):]

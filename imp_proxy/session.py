@@ -56,7 +56,7 @@ from .protocol.messages import (
     SSLRequest,
     StartupMessage,
 )
-from .router import prefilter
+from .router import ServiceCancel, prefilter
 
 if TYPE_CHECKING:
     from .server import ProxyServer
@@ -113,6 +113,7 @@ class Session(LocalAdmin):
         self.hold = False                # the proxy is busy with an intercepted statement
         self.wrapping = False            # intercept is wrapping a query of the client's
         self.cancelled = False           # a CancelRequest arrived during that wrapping
+        self.service_cancel = ServiceCancel()   # reaches the service connection preparing it
         self.read_blocks = 0
         self.params: dict[str, str] = {}
         self.tls = False
@@ -411,9 +412,11 @@ class Session(LocalAdmin):
     def cancel_requested(self) -> None:
         """The client sent a CancelRequest. While the proxy wraps a query (``wrapping``),
         the backend mostly waits idle in the proxy's transaction, where PostgreSQL ignores a
-        cancel: ``cancelled`` tells the wrapping to answer it (``intercept``)."""
+        cancel: ``cancelled`` tells the wrapping to answer it (``intercept``), and the
+        service connection preparing the query is cancelled too (:class:`ServiceCancel`)."""
         if self.wrapping:
             self.cancelled = True
+            self._spawn(asyncio.to_thread(self.service_cancel.cancel))
 
     def enter_parse_mode(self) -> None:
         self.reader = MessageReader()

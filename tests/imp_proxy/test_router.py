@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 
+import psycopg
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imp_proxy.router import prefilter
+from imp_proxy.router import PrepareCancelled, ServiceCancel, prefilter
 
 _WORDS = ["SELECT", "select", "SeLeCt", "with", "(", "group", "GROUP", "By", "ORDER", "oRdEr",
           "having", "LIMIT", "fetch", "Distinct", "orders", "grouped", "x_limit", "limit_",
@@ -46,3 +50,36 @@ def test_prefilter_examples() -> None:
     assert not prefilter(b"SELECT * FROM orders")            # a keyword inside a word
     assert not prefilter(b"SELECT 1; SELECT a FROM t GROUP BY a")
     assert not prefilter(b"UPDATE t SET a = 1 WHERE a IN (SELECT a FROM u GROUP BY a)")
+
+
+def test_a_service_cancel_interrupts_the_prepare_it_is_attached_to(db_dsn: str) -> None:
+    """A client's cancel reaches the service connection preparing its query: a statement
+    running there fails with PostgreSQL's 57014, even when the first cancel lands between
+    statements (it is sent again until the prepare lets go); a cancel that came first stops
+    the prepare before it starts; a connection let go is never cancelled."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        early = ServiceCancel()
+        early.cancel()
+        with pytest.raises(PrepareCancelled), early.attached(conn):
+            pass
+        late = ServiceCancel()
+        errors: list[BaseException] = []
+        attached = threading.Event()
+
+        def prepare() -> None:
+            with late.attached(conn):
+                attached.set()
+                time.sleep(0.5)   # between statements: a cancel now is dropped
+                try:
+                    conn.execute("SELECT pg_sleep(60)")
+                except psycopg.Error as exc:
+                    errors.append(exc)
+        worker = threading.Thread(target=prepare)
+        worker.start()
+        attached.wait(10)
+        late.cancel()   # returns once the prepare let go of the connection
+        worker.join(60)
+        assert not worker.is_alive()
+        assert [type(e) for e in errors] == [psycopg.errors.QueryCanceled]
+        late.cancel()   # detached: nothing is sent
+        assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -283,10 +283,11 @@ def test_a_cancel_during_the_wrapping_cancels_the_query(
         library_proxy: ProxyProcess, fresh_db: Callable[[], str], how: str) -> None:
     """The client's backend waits idle in the proxy's transaction while a service connection
     captures, and PostgreSQL ignores a cancel there: the query ran to its end (found: all
-    its rows after 2.6 s where PostgreSQL cancels at 0.3 s). Here the capture waits on a lock
-    another session holds; the client cancels, then the lock goes. Through the proxy as
-    directly: PostgreSQL's own ``57014``, and the session (and a prepared statement) works
-    on."""
+    its rows after 2.6 s where PostgreSQL cancels at 0.3 s). Then the cancel took effect only
+    once the capture was done (found: here, when the lock went). Here the capture waits on a
+    lock another session holds, and the client cancels: through the proxy as directly,
+    PostgreSQL's own ``57014`` while the lock is still held, and the session (and a prepared
+    statement) works on."""
     dsn = fresh_db()
     q = "SELECT g, sum(v) FROM cx GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
     with psycopg.connect(dsn, autocommit=True) as d:
@@ -299,19 +300,35 @@ def test_a_cancel_during_the_wrapping_cancels_the_query(
         with psycopg.connect(dsn) as locker, psycopg.connect(target, autocommit=True) as c:
             c.execute("IMP DROP ALL SKETCHES" if target != dsn else "SELECT 1")
             locker.execute("LOCK TABLE cx IN ACCESS EXCLUSIVE MODE")
+            released = threading.Event()
+            last_resort = threading.Timer(LOCK_HELD, _release, (released, locker))
             threading.Timer(0.3, c.cancel).start()
-            threading.Timer(0.8, locker.commit).start()
-            with pytest.raises(psycopg.errors.QueryCanceled) as info:
-                if how == "simple":
-                    psycopg.ClientCursor(c).execute(q)
-                else:
-                    c.execute(q, prepare=how == "prepared")
+            last_resort.start()
+            try:
+                with pytest.raises(psycopg.errors.QueryCanceled) as info:
+                    if how == "simple":
+                        psycopg.ClientCursor(c).execute(q)
+                    else:
+                        c.execute(q, prepare=how == "prepared")
+                assert not released.is_set(), f"the cancel waited {LOCK_HELD} s for the lock"
+            finally:
+                last_resort.cancel()
+                locker.commit()
             assert info.value.diag.message_primary == "canceling statement due to user request"
-            time.sleep(0.6)
             for _ in range(2):
                 assert c.execute(q, prepare=how == "prepared").fetchall() == want
             names = c.execute("SELECT name FROM pg_prepared_statements").fetchall()
             assert all(not str(n).startswith("_imp") for (n,) in names), names
+
+
+LOCK_HELD = 20.0
+"""Seconds the cancel test holds its lock at most (the capture's wait): a cancel that only
+takes effect once the capture is done comes after it."""
+
+
+def _release(released: threading.Event, locker: psycopg.Connection[Any]) -> None:
+    released.set()
+    locker.commit()
 
 
 def test_dropping_sketches(ldsn: str) -> None:
