@@ -434,6 +434,62 @@ def test_keys_with_a_nondeterministic_collation_recapture(db: str, q: str,
             m.close()
 
 
+JOIN_KEYS = {   # left type, right type, equal values, maintained incrementally
+    "numeric-float8": ("numeric", "float8", "0.1", "0.1", False),
+    "date-timestamp": ("date", "timestamp", "'2020-01-05'", "'2020-01-05 00:00'", False),
+    "timestamp-timestamptz": ("timestamp", "timestamptz", "'2020-01-05 00:00'",
+                              "'2020-01-05 00:00'", False),
+    "char2-char1": ("char(2)", "char(1)", "'a'", "'a'", False),
+    "char-text": ("char(2)", "text", "'a'", "'a'", False),
+    "int8-float8": ("int8", "float8", "9007199254740993", "9007199254740992", False),
+    "float4-float8": ("float4", "float8", "0.5", "0.5", False),
+    "nan": ("float8", "float8", "'NaN'", "'NaN'", True),
+    "int4-int8": ("int4", "int8", "7", "7", True),
+    "int8-numeric": ("int8", "numeric", "7", "7.0", True),
+    "varchar-text": ("varchar(4)", "text", "'a'", "'a'", True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(JOIN_KEYS))
+@pytest.mark.parametrize("q", [
+    "SELECT a.id, a.v FROM jka a JOIN jkb b ON a.x = b.y ORDER BY a.v DESC LIMIT 3",
+    "SELECT DISTINCT a.v FROM jka a JOIN jkb b ON a.x = b.y ORDER BY a.v DESC LIMIT 3",
+], ids=["topk", "distinct"])
+def test_join_keys_python_compares_otherwise_recapture(db: str, case: str, q: str) -> None:
+    """A top-k or DISTINCT over a join joins its deltas in Python. PostgreSQL compares keys
+    of two types by casting one side (numeric and int8 to float8, date to timestamp,
+    timestamp to timestamptz), ignores char(n)'s trailing blanks, and its NaN equals NaN;
+    Python's equality says otherwise. (Found: a row joined on ``numeric = float8``, ``date =
+    timestamp``, ``char(2) = char(1)`` or ``NaN = NaN`` never entered the maintained sketch:
+    0 rows instead of 1.) Such joins recapture (a NaN key: the maintenance that meets it);
+    integers with integers or numeric, and varchar with text, stay maintained."""
+    lt, rt, lv, rv, maintained = JOIN_KEYS[case]
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS jka, jkb")
+        c.execute(f"CREATE TABLE jka (id serial PRIMARY KEY, x {lt}, v int)")
+        c.execute(f"CREATE TABLE jkb (id serial PRIMARY KEY, y {rt}, w int)")
+        c.execute("INSERT INTO jka (x, v) SELECT NULL, i FROM generate_series(1, 2000) i")
+        c.execute("INSERT INTO jkb (y, w) SELECT NULL, i FROM generate_series(1, 50) i")
+        analyze_and_track(c, "jka")
+        analyze_and_track(c, "jkb")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            check(m, c, q, None)
+            for write in (f"INSERT INTO jkb (y, w) VALUES ({rv}, 1)",
+                          f"INSERT INTO jka (x, v) VALUES ({lv}, 5000)",
+                          f"INSERT INTO jka (x, v) VALUES ({lv}, 5001), (NULL, 1);"
+                          f" INSERT INTO jkb (y, w) VALUES ({rv}, 2)"):
+                c.execute(write)
+                p = check(m, c, q, None)
+            assert len(c.execute(q).fetchall()) >= 2   # the written rows join in PostgreSQL
+            strategy = entry_of(m, p.sketch_id)["strategy"]
+            assert strategy == ("lazy" if maintained else "recapture"), strategy
+            assert m.stats().get("engine_errors", 0) == 0, m.stats()
+            assert (m.stats().get("ivm_failures", 0) > 0) == (case == "nan"), m.stats()
+        finally:
+            m.close()
+
+
 def test_enum_group_keys_are_maintained(db: str) -> None:
     """Enums are loaded as their labels, which are equal exactly where PostgreSQL's values
     are: a query grouping by one is maintained (and never ordered by it in Python). The

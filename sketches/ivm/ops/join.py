@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
 from sketches.ivm.codec import Json, decode_zset, encode_zset
+from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.operator import check_kind
 from sketches.ivm.zset import Entry, Row, ZSet, union_ann
 
@@ -153,8 +154,13 @@ class Join:
 
 
 def _keys(delta: ZSet, cols: Sequence[int]) -> set[Key]:
-    """The non-NULL join keys of the rows of ``delta``."""
+    """The non-NULL join keys of the rows of ``delta``. A key holding NaN is refused:
+    PostgreSQL's NaN equals NaN, Python's never does, so its rows would join no partner
+    (the partners a delta key finds come from its own rows' keys, so checking the deltas'
+    keys covers every join)."""
     key = key_function(cols)
     keys = {key(row) for (row, _ann), _w in delta.items()}
     keys.discard(None)
+    if any(v != v for k in keys if k is not None for v in k):
+        raise NotMaintainable("a NaN join key is not maintained")
     return cast(set[Key], keys)
