@@ -57,6 +57,7 @@ from sketches.backends.base import (
     ValueRow,
 )
 from sketches.backends.plan import (
+    ARITHMETIC,
     BatchPlan,
     Bin,
     BoolOp,
@@ -546,7 +547,7 @@ class SparkBackend:
             if not c_collation:
                 _check_collation(plan, df)
             if plan.having is not None:
-                df = df.filter(_column(plan.having))
+                df = df.filter(_column(plan.having, df))
             if plan.limit is not None:
                 df = cached = df.persist()
                 df = self._top(df, plan.order, plan.limit)
@@ -579,7 +580,7 @@ class SparkBackend:
             return df.limit(0)
         names = [f"__o{i}" for i in range(len(order))]
         for name, o in zip(names, order, strict=True):
-            df = df.withColumn(name, _column(o.node))
+            df = df.withColumn(name, _column(o.node, df))
         sort = []
         for name, o in zip(names, order, strict=True):
             c = F.col(name)
@@ -694,6 +695,20 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def _no_float_overflow(result: Any, a: Any, b: Any) -> Any:
+    """``result`` of ``a op b``, failing the job where finite operands give an infinite
+    result: PostgreSQL raises ``value out of range: overflow`` there (float8 arithmetic),
+    Spark gives Infinity, which passed or failed HAVING where the query itself fails (the
+    router then captures in PostgreSQL, which raises the query's own error). Integer and
+    decimal overflow already fail in ANSI mode; an infinite operand (PostgreSQL's
+    'Infinity') stays infinite without an error in both."""
+    from pyspark.sql import functions as F
+    inf = F.lit(float("inf"))
+    overflow = (F.abs(result) == inf) & (F.abs(a) != inf) & (F.abs(b) != inf)
+    return F.when(overflow, F.raise_error(F.lit("value out of range: overflow"))) \
+        .otherwise(result)
+
+
 def _refs(node: Node) -> set[str]:
     if isinstance(node, Ref):
         return {node.name}
@@ -706,23 +721,34 @@ def _refs(node: Node) -> set[str]:
     return set()
 
 
-def _column(node: Node) -> Any:
-    """A :data:`Node` as a Spark Column (SQL three-valued logic on both sides)."""
+def _column(node: Node, df: Any) -> Any:
+    """A :data:`Node` over ``df``'s columns as a Spark Column (SQL three-valued logic on both
+    sides)."""
     from pyspark.sql import functions as F
     if isinstance(node, Ref):
         return F.col(node.name)
     if isinstance(node, Lit):
         return F.lit(node.value)
     if isinstance(node, Bin):
-        a, b = _column(node.left), _column(node.right)
+        a, b = _column(node.left, df), _column(node.right, df)
         ops = {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b,
                ">": a > b, ">=": a >= b, "+": a + b, "-": a - b, "*": a * b}
-        return ops[node.op]
+        result = ops[node.op]
+        if node.op in ARITHMETIC and _is_float(df, result):
+            return _no_float_overflow(result, a, b)
+        return result
     if isinstance(node, BoolOp):
-        cols = [_column(a) for a in node.args]
+        cols = [_column(a, df) for a in node.args]
         if node.op == "and":
             return reduce(lambda x, y: x & y, cols)
         return reduce(lambda x, y: x | y, cols)
     if isinstance(node, Not):
-        return ~_column(node.arg)
-    return _column(node.arg).isNotNull() if node.negated else _column(node.arg).isNull()
+        return ~_column(node.arg, df)
+    arg = _column(node.arg, df)
+    return arg.isNotNull() if node.negated else arg.isNull()
+
+
+def _is_float(df: Any, column: Any) -> bool:
+    """Is ``column`` (over ``df``) of a floating-point type? (Analysed, not run.)"""
+    from pyspark.sql.types import DoubleType, FloatType
+    return isinstance(df.select(column).schema.fields[0].dataType, DoubleType | FloatType)

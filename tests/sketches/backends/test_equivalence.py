@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sketches.backends.base import BackendUnsupported, MatchRequest
+from sketches.backends.base import BackendJobFailed, BackendUnsupported, MatchRequest
 from sketches.backends.postgres import PostgresBackend
 from sketches.backends.spark import SparkBackend
+from sketches.errors import CaptureError
 from tests.sketches.backends.helpers import fragments_of, targets_for
 
 pytestmark = pytest.mark.slow
@@ -209,3 +210,30 @@ def test_spark_reads_constants_as_the_caller_does(conn: psycopg.Connection[Any],
     for text, caller in zip(texts, seen, strict=True):   # the settings matter to these
         analysis, targets = targets_for(conn, text, 8)
         assert fragments_of(PG.capture(conn, text, analysis, targets)) != caller, text
+
+
+@pytest.mark.parametrize("clause", ["HAVING max(fo.f) * max(fo.f) < 5",
+                                    "ORDER BY max(fo.f) * max(fo.f) DESC LIMIT 2"])
+def test_float_overflow_fails_as_in_postgresql(conn: psycopg.Connection[Any],
+                                               spark_backend: SparkBackend,
+                                               clause: str) -> None:
+    """PostgreSQL fails float8 arithmetic whose finite operands give an infinite result;
+    Spark gave Infinity, which HAVING (or ORDER BY) then compared: the capture succeeded
+    where the query fails, and the sketch could skip the rows that make it fail. Infinite
+    operands stay infinite without an error in both."""
+    conn.execute("DROP TABLE IF EXISTS fo")
+    conn.execute("CREATE TABLE fo (id serial PRIMARY KEY, g int, f float8)")
+    conn.execute("INSERT INTO fo (g, f) SELECT i % 6, i FROM generate_series(1, 300) i")
+    conn.execute("UPDATE fo SET f = 'Infinity' WHERE id = 7")
+    conn.execute("ANALYZE fo")
+    text = f"SELECT fo.g, max(fo.f) FROM fo GROUP BY fo.g {clause}"
+    analysis, targets = targets_for(conn, text, 4)
+    expected = PG.capture(conn, text, analysis, targets)
+    assert fragments_of(spark_backend.capture(conn, text, analysis, targets)) == \
+        fragments_of(expected)
+    conn.execute("UPDATE fo SET f = 1e200 WHERE id = 8")
+    with pytest.raises(CaptureError) as info:
+        PG.capture(conn, text, analysis, targets)
+    assert isinstance(info.value.__cause__, psycopg.errors.NumericValueOutOfRange)
+    with pytest.raises(BackendJobFailed, match="overflow"):
+        spark_backend.capture(conn, text, analysis, targets)
