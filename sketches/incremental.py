@@ -31,7 +31,7 @@ from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import FLOAT8, INT_BOUNDS
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import PlanSpec, SketchTarget, TableSpec, compile
-from sketches.ivm.sqltext import arithmetic, bind_params
+from sketches.ivm.sqltext import arithmetic, bind_params, param_literal
 from sketches.sql import QueryAnalysis
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def _arith_types(conn: Conn, spec: PlanSpec, params: Sequence[object] | None
         a.sql for e in (spec.having, *spec.order_exprs) for a in arithmetic(e) if a.sql))
     if not texts:
         return {}
-    bound = [bind_params(t, params, lambda v: sql.Literal(v).as_string(None)) for t in texts]
+    bound = [bind_params(t, params, param_literal) for t in texts]
     oids = _types(conn, spec.tables, bound, spec.group_sql)
     odd = [t for t, o in zip(texts, oids, strict=True) if o not in _ARITH_TYPES]
     if odd:

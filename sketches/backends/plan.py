@@ -36,6 +36,7 @@ from psycopg import sql
 
 from sketches.backends.base import BackendUnsupported, aggregate_functions
 from sketches.capture import CaptureTarget
+from sketches.ivm.sqltext import param_literal
 from sketches.sql import spark_translate
 from sketches.sql.model import ColumnRef, Expression, QueryAnalysis
 from sketches.sql.spark_translate import ARITHMETIC as ARITHMETIC
@@ -196,7 +197,7 @@ def inline_params(text: str, conn: psycopg.Connection[Any],
     prints for ``params[n-1]`` — the same value, so the pushed-down query means the same."""
     try:
         return spark_translate.inline_params(
-            text, lambda v: sql.Literal(v).as_string(conn), params)
+            text, lambda v: param_literal(v, conn), params)
     except NotTranslatable as exc:
         raise BackendUnsupported(str(exc)) from exc
 

@@ -30,7 +30,7 @@ from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import Col, Expr
 from sketches.ivm.ops.aggregate import AggSpec
 from sketches.ivm.ops.topk import OrderItem
-from sketches.ivm.sqltext import bind_params, parse_expression
+from sketches.ivm.sqltext import bind_params, param_literal, parse_expression
 from sketches.ranges import RangePartition
 from sketches.sql.model import AggregateCall, Expression, QueryAnalysis
 
@@ -172,7 +172,7 @@ class _Builder:
         self.frozen = False
 
     def bind(self, text: str) -> str:
-        return bind_params(text, self.params, lambda v: sql.Literal(v).as_string(None))
+        return bind_params(text, self.params, param_literal)
 
     def _join_order(self) -> list[int]:
         n = len(self.a.tables)

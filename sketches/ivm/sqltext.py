@@ -14,6 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import And, Arith, Cmp, Const, Expr, IsNull, Not, Or
@@ -55,6 +59,17 @@ def tokens(text: str) -> list[tuple[str, str, int]]:
             out.append((kind, m.group(), pos))
         pos = m.end()
     return out
+
+
+def param_literal(value: object, conn: psycopg.Connection[Any] | None = None) -> str:
+    """``value`` as a SQL literal of the type psycopg binds it as, so SQL with it inlined
+    means what the statement bound with it means: a float is a float8. (psycopg's literal of
+    ``100.0`` is a numeric, whose text is ``100.0`` where the float8's is ``100``, and a
+    numeric has no ``-0``: found, ``s = $1::text`` with ``-0.0`` built a state that matched
+    no row.)"""
+    if type(value) is float:
+        return f"'{value!r}'::float8"
+    return sql.Literal(value).as_string(conn)
 
 
 def bind_params(text: str, params: Sequence[object] | None,

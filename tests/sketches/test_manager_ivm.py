@@ -10,6 +10,7 @@ connections, some in transactions still open (or rolled back) while the manager 
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -430,6 +431,61 @@ def test_keys_with_a_nondeterministic_collation_recapture(db: str, q: str,
             strategy = entry_of(m, p.sketch_id)["strategy"]
             assert strategy == ("lazy" if maintained else "recapture"), strategy
             assert m.stats().get("engine_errors", 0) == 0, m.stats()
+        finally:
+            m.close()
+
+
+@pytest.mark.parametrize("values", [(Decimal("5.0"), Decimal("5")),
+                                    (Decimal("5"), Decimal("5.00")), (-0.0, 0.0)])
+def test_parameters_python_finds_equal_keep_their_own_sketches(db: str,
+                                                               values: tuple[object, ...]
+                                                               ) -> None:
+    """Python finds ``Decimal('5.0') == Decimal('5')`` and ``-0.0 == 0.0``; their text in
+    PostgreSQL differs. (Found: the instance cache keyed by the values answered ``5`` with the
+    sketch of ``5.0``, 0 groups instead of 10; a float parameter was inlined into the
+    pipeline's SQL as a numeric, whose ``-0.0`` reads ``0``: its state matched no row, and
+    the safety belt turned maintenance off.)"""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS pt")
+        c.execute("CREATE TABLE pt (id serial PRIMARY KEY, g int, s text, v int)")
+        c.execute("INSERT INTO pt (g, s, v) SELECT i % 50, (ARRAY['5', '5.0', '5.00', '-0',"
+                  " '0'])[(i % 50) / 10 + 1], i FROM generate_series(1, 5000) i")
+        analyze_and_track(c, "pt")
+        m = SketchManager(SketchSettings(fragments=10))
+        q = "SELECT g, count(*) FROM pt WHERE s = $1::text GROUP BY g HAVING count(*) > 0"
+        try:
+            for value in (*values, *values):
+                p = check(m, c, q, (value,), expect_version=False)
+                assert p.decision in ("capture", "use"), p
+            c.execute("INSERT INTO pt (g, s, v) SELECT g, s, 1 FROM pt WHERE v <= 50")
+            for value in values:
+                p = check(m, c, q, (value,))
+                assert entry_of(m, p.sketch_id)["strategy"] == "lazy"
+            assert m.stats().get("engine_errors", 0) == 0, m.stats()
+        finally:
+            m.close()
+
+
+def test_a_float_parameter_means_in_maintenance_what_it_means_in_the_query(db: str) -> None:
+    """A float parameter inlined into the delta reads as a numeric literal: ``s <> $1::text``
+    with 100.0 let the state count rows of ``'100'`` that the query does not (the float8's
+    text is ``100``). No such row at capture, so the safety belt passed; once some were
+    written, the maintained sketch of ``HAVING count(*) < 120`` lost their group: 0 rows
+    instead of 1."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS fp")
+        c.execute("CREATE TABLE fp (id serial PRIMARY KEY, g int, s text)")
+        c.execute("INSERT INTO fp (g, s) SELECT i % 40, 'x' FROM generate_series(1, 5200) i")
+        analyze_and_track(c, "fp")
+        m = SketchManager(SketchSettings(fragments=10))
+        q = "SELECT g, count(*) FROM fp WHERE s <> $1::text GROUP BY g HAVING count(*) < 120"
+        try:
+            check(m, c, q, (100.0,))
+            c.execute("DELETE FROM fp WHERE id IN (SELECT id FROM fp WHERE g = 7 LIMIT 20)")
+            c.execute("INSERT INTO fp (g, s) SELECT 7, '100' FROM generate_series(1, 30)")
+            p = check(m, c, q, (100.0,))
+            assert [r[0] for r in c.execute(q.replace("$1", "100.0::float8")).fetchall()] == [7]
+            assert entry_of(m, p.sketch_id)["strategy"] == "lazy"
         finally:
             m.close()
 
