@@ -77,7 +77,9 @@ def _marker() -> ast.A_Const:
 
 
 def _substitute_params(node: object, params: Sequence[object] | None) -> object:
-    """Replaces ``$n`` by a string constant of its value (for comparing skeletons only)."""
+    """Replaces ``$n`` by a string constant of its value and type (for comparing skeletons
+    only): a numeric and a float8 of one value mean two things to PostgreSQL (``x = $1`` on
+    a numeric column compares exactly, or as float8)."""
     if isinstance(node, tuple):
         return tuple(_substitute_params(n, params) for n in node)
     if isinstance(node, ast.ParamRef):
@@ -86,7 +88,7 @@ def _substitute_params(node: object, params: Sequence[object] | None) -> object:
         value = params[node.number - 1]
         if value is None:
             return ast.A_Const(isnull=True)
-        return ast.A_Const(isnull=False, val=ast.String(sval=f"$param:{value!s}"))
+        return ast.A_Const(isnull=False, val=ast.String(sval=f"$param:{type(value).__name__}:{value!s}"))
     if isinstance(node, ast.Node):
         for attr in node:
             value = getattr(node, attr)

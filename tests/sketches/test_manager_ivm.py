@@ -466,6 +466,27 @@ def test_parameters_python_finds_equal_keep_their_own_sketches(db: str,
             m.close()
 
 
+def test_a_parameter_of_another_type_never_shares_a_sketch(db: str) -> None:
+    """The same text with a numeric and with a float8 parameter of the same value means two
+    things: ``x = $1`` compares a numeric column exactly with a numeric, as a float8 with a
+    float8. (Found: the sketch captured for ``Decimal('1.0')`` answered ``1.0``, whose query
+    also matches ``1.00000000000000001``: 22 rows instead of 40.)"""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS tp")
+        c.execute("CREATE TABLE tp (id serial PRIMARY KEY, g int, x numeric)")
+        c.execute("INSERT INTO tp (g, x) SELECT i % 40, CASE WHEN i % 40 < 20 THEN 1"
+                  " ELSE 1.00000000000000001 END FROM generate_series(1, 4000) i")
+        analyze_and_track(c, "tp")
+        m = SketchManager(SketchSettings(fragments=10))
+        q = "SELECT g, count(*) FROM tp WHERE x = $1 GROUP BY g HAVING count(*) > 0"
+        try:
+            for value in (Decimal("1.0"), 1.0):
+                check(m, c, q, (value,), expect_version=False)
+            assert (23, 100) in c.execute(q.replace("$1", "1.0::float8")).fetchall()
+        finally:
+            m.close()
+
+
 def test_a_float_parameter_means_in_maintenance_what_it_means_in_the_query(db: str) -> None:
     """A float parameter inlined into the delta reads as a numeric literal: ``s <> $1::text``
     with 100.0 let the state count rows of ``'100'`` that the query does not (the float8's
