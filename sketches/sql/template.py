@@ -88,7 +88,8 @@ def _substitute_params(node: object, params: Sequence[object] | None) -> object:
         value = params[node.number - 1]
         if value is None:
             return ast.A_Const(isnull=True)
-        return ast.A_Const(isnull=False, val=ast.String(sval=f"$param:{type(value).__name__}:{value!s}"))
+        marker = f"$param:{type(value).__name__}:{value!s}"
+        return ast.A_Const(isnull=False, val=ast.String(sval=marker))
     if isinstance(node, ast.Node):
         for attr in node:
             value = getattr(node, attr)

@@ -10,9 +10,9 @@ connections, some in transactions still open (or rolled back) while the manager 
 from __future__ import annotations
 
 import time
-from decimal import Decimal
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
 from typing import Any
 
 import psycopg
