@@ -77,9 +77,11 @@ def _marker() -> ast.A_Const:
 
 
 def _substitute_params(node: object, params: Sequence[object] | None) -> object:
-    """Replaces ``$n`` by a string constant of its value and type (for comparing skeletons
-    only): a numeric and a float8 of one value mean two things to PostgreSQL (``x = $1`` on
-    a numeric column compares exactly, or as float8)."""
+    """Replaces ``$n`` by a string constant of its value, a float's marked as one (for
+    comparing skeletons only): a numeric and a float8 of one value mean two things to
+    PostgreSQL (``x = $1`` on a numeric column compares exactly, or as float8). Integers and
+    numerics of one text are one value (a restarted manager reads a stored integer parameter
+    of a numeric ``$n`` back as a numeric)."""
     if isinstance(node, tuple):
         return tuple(_substitute_params(n, params) for n in node)
     if isinstance(node, ast.ParamRef):
@@ -88,7 +90,7 @@ def _substitute_params(node: object, params: Sequence[object] | None) -> object:
         value = params[node.number - 1]
         if value is None:
             return ast.A_Const(isnull=True)
-        marker = f"$param:{type(value).__name__}:{value!s}"
+        marker = f"$param:float:{value!r}" if isinstance(value, float) else f"$param:{value!s}"
         return ast.A_Const(isnull=False, val=ast.String(sval=marker))
     if isinstance(node, ast.Node):
         for attr in node:

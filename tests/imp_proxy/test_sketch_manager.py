@@ -128,15 +128,15 @@ def test_queries_that_read_the_clock_are_answered_at_their_own_time(
         d.execute("INSERT INTO ck (g, ts) SELECT i % 50, now() - interval '1 hour'"
                   " FROM generate_series(1, 15000) i")
         d.execute("INSERT INTO ck (g, ts) SELECT i % 50, date_trunc('second', now())"
-                  " + (2 + i % 5) * interval '1 second' FROM generate_series(1, 10000) i")
+                  " + (3 + i % 5) * interval '1 second' FROM generate_series(1, 10000) i")
         d.execute("ANALYZE ck")
         runs: list[Callable[[psycopg.Connection[Any]], list[Any]]] = [
             lambda conn: psycopg.ClientCursor(conn).execute(CLOCK_LITERAL).fetchall(),
             lambda conn: conn.execute(CLOCK_LITERAL).fetchall(),
             lambda conn: conn.execute(CLOCK_PARAM, ("now",)).fetchall(),
         ]
-        sizes = []
-        for _ in range(8):
+        sizes: list[int] = []
+        while len(sizes) < 12 and sizes[-1:] != [50]:
             _just_after_a_second()
             # the same calls on both sides: psycopg prepares a statement after its fifth
             # execution, and a prepared statement keeps the 'now' of its PREPARE
@@ -144,7 +144,9 @@ def test_queries_that_read_the_clock_are_answered_at_their_own_time(
                 want = run(d)
                 assert run(c) == want
             sizes.append(len(want))
-        assert sizes[0] == 0 and sizes[-1] == 50, sizes   # the answers changed with time
+        # the answers changed with time (the first check may come seconds late on a busy
+        # machine: found in CI, a first answer of 10 groups)
+        assert sizes == sorted(sizes) and sizes[0] < 50 and sizes[-1] == 50, sizes
         for q in (CLOCK_LITERAL, CLOCK_PARAM.replace("%s", "'now'")):
             explain = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
             assert explain["decision"] == "passthrough", explain
