@@ -94,6 +94,7 @@ _VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1043, 1082, 1114, 1700
 _EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _VARCHAR, _DATE,
                           _TIMESTAMP, _NUMERIC})  # not char(n): Spark's read-side padding
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+_TEXTS = frozenset({_TEXT, _VARCHAR})   # the collatable types Spark reads (not char(n))
 
 
 JDBC_SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle")
@@ -395,12 +396,49 @@ class SparkBackend:
     def _plan(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
               targets: Sequence[CaptureTarget],
               params: Sequence[object] | None) -> tuple[BatchPlan, bool]:
-        """The batch plan and whether the database collation is C (text compares alike)."""
+        """The batch plan and whether every text value read compares as in C (Spark compares
+        code points): the database's collation and the read columns' own. Raises
+        :class:`BackendUnsupported` for a column under a nondeterministic collation, where
+        PostgreSQL groups, joins and deduplicates ``'a'`` with ``'A'`` and Spark does not.
+        (Found: such a group key got an empty sketch, PostgreSQL's has every fragment; an
+        ``"en-x-icu"`` column ordered by code points in a C database kept another top-k.)"""
         schemas = resolve_schemas(conn, analysis, targets)
         plan = build_plan(conn, analysis, targets, params, schemas)
         row = conn.execute("SELECT datcollate FROM pg_database"
                            " WHERE datname = current_database()").fetchone()
-        return plan, row is not None and str(row[0]) in _C_COLLATIONS
+        c_database = row is not None and str(row[0]) in _C_COLLATIONS
+        c_like = c_database
+        for read in plan.reads:
+            for name, deterministic in self._collations(conn, read):
+                if not deterministic:
+                    raise BackendUnsupported(f"a column of {read.schema}.{read.name} has the "
+                                             f"nondeterministic collation {name}")
+                c_like = c_like and (name in _C_COLLATIONS or name == "ucs_basic"
+                                     or (name == "default" and c_database))
+        return plan, c_like
+
+    def _collations(self, conn: psycopg.Connection[Any],
+                    read: TableRead) -> list[tuple[str, bool]]:
+        """``(name, deterministic)`` of the collation of each text value ``read`` returns
+        (planned, never run)."""
+        try:
+            with conn.transaction():
+                cur = conn.execute(sql.SQL("SELECT * FROM ({}) AS q LIMIT 0").format(
+                    read.query()))
+                text = [c.name for c in cur.description or () if c.type_code in _TEXTS]
+                if not text:
+                    return []
+                query = sql.SQL(
+                    "SELECT c.collname, c.collisdeterministic FROM (SELECT) AS imp_one"
+                    " LEFT JOIN ({}) AS q ON false, unnest(ARRAY[{}]) AS n(name)"
+                    " JOIN pg_catalog.pg_collation AS c ON c.oid = n.name::regcollation"
+                ).format(read.query(), sql.SQL(", ").join(
+                    sql.SQL("pg_catalog.pg_collation_for(q.{})").format(sql.Identifier(n))
+                    for n in text))
+                return [(str(r[0]), bool(r[1])) for r in conn.execute(query).fetchall()]
+        except psycopg.Error as exc:
+            raise BackendJobFailed(f"pushed-down read of {read.schema}.{read.name} failed "
+                                   f"in PostgreSQL: {exc}") from exc
 
     @contextmanager
     def _snapshot(self, conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
@@ -660,7 +698,7 @@ class SparkBackend:
 
 def _check_collation(plan: BatchPlan, df: Any) -> None:
     """BackendUnsupported when HAVING / ORDER BY compare text: Spark compares code points,
-    the database's collation is not C."""
+    and the database's or a read column's collation is not C."""
     from pyspark.sql.types import StringType
     used: set[str] = set()
     for node in [plan.having, *(o.node for o in plan.order)]:
@@ -668,8 +706,8 @@ def _check_collation(plan: BatchPlan, df: Any) -> None:
             used |= _refs(node)
     text = [n for n in used if isinstance(df.schema[n].dataType, StringType)]
     if text:
-        raise BackendUnsupported(f"text compared in Spark ({text}) but the database "
-                                 "collation is not C")
+        raise BackendUnsupported(f"text compared in Spark ({text}) under a collation "
+                                 "other than C")
 
 
 def _sum_value(type_oid: int | None, value: Any) -> Any:

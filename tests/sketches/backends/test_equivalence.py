@@ -237,3 +237,39 @@ def test_float_overflow_fails_as_in_postgresql(conn: psycopg.Connection[Any],
     assert isinstance(info.value.__cause__, psycopg.errors.NumericValueOutOfRange)
     with pytest.raises(BackendJobFailed, match="overflow"):
         spark_backend.capture(conn, text, analysis, targets)
+
+
+@pytest.mark.parametrize(("text", "spark"), [
+    ("SELECT ct.g, ct.k, count(*) FROM ct GROUP BY ct.g, ct.k HAVING count(*) > 5", False),
+    ("SELECT ct.g, ct.s, sum(ct.v) FROM ct GROUP BY ct.g, ct.s ORDER BY ct.s, ct.g LIMIT 2",
+     False),
+    ("SELECT ct.g, ct.c, sum(ct.v) FROM ct GROUP BY ct.g, ct.c ORDER BY ct.c, ct.g LIMIT 2",
+     True),
+])
+def test_column_collations_spark_cannot_follow_run_in_postgresql(
+        conn: psycopg.Connection[Any], spark_backend: SparkBackend, text: str,
+        spark: bool) -> None:
+    """Spark groups by exact strings and orders by code points. PostgreSQL groups ``'a'``
+    with ``'A'`` under a case-insensitive (nondeterministic) collation, and orders an
+    ``"en-x-icu"`` column by that locale even in a C database. (Found: such a group key got
+    an empty sketch where PostgreSQL's has every fragment; the top-k ordered by code points
+    kept fragments 1 and 2 where PostgreSQL's is fragment 1.) Those jobs are refused (the
+    router runs them in PostgreSQL); a column collated "C" still runs on Spark."""
+    conn.execute("DROP TABLE IF EXISTS ct")
+    conn.execute("DROP COLLATION IF EXISTS ct_nocase")
+    conn.execute("CREATE COLLATION ct_nocase (provider = icu, locale = 'und-u-ks-level2',"
+                 " deterministic = false)")
+    conn.execute('CREATE TABLE ct (id serial PRIMARY KEY, g int, k text COLLATE ct_nocase,'
+                 ' s text COLLATE "en-x-icu", c text COLLATE "C", v int)')
+    conn.execute("INSERT INTO ct (g, k, s, c, v) SELECT i / 8, CASE WHEN i % 2 = 0 THEN 'a'"
+                 " ELSE 'A' END, (ARRAY['a','B','c','D'])[(i / 8) % 4 + 1],"
+                 " (ARRAY['a','B','c','D'])[(i / 8) % 4 + 1], i FROM generate_series(0, 399) i")
+    conn.execute("ANALYZE ct")
+    analysis, targets = targets_for(conn, text, 10)
+    expected = PG.capture(conn, text, analysis, targets)
+    if spark:
+        got = spark_backend.capture(conn, text, analysis, targets)
+        assert fragments_of(got) == fragments_of(expected)
+    else:
+        with pytest.raises(BackendUnsupported, match="collation"):
+            spark_backend.capture(conn, text, analysis, targets)
