@@ -45,7 +45,7 @@ from .protocol.messages import (
     Execute,
     Parse,
 )
-from .router import SESSION_SETTINGS, PrepareOutcome, ServiceCancel, ServiceError, setting_sql
+from .router import SESSION_SETTINGS, PrepareOutcome, ServiceError, setting_sql
 
 if TYPE_CHECKING:
     from .session import Session
@@ -252,7 +252,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
         outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
                                          started=started,
                                          explain=explain, snapshot_text=snapshot_text,
-                                         settings=settings, cancel=s.service_cancel)
+                                         settings=settings, cancel=s.new_service_cancel)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)
@@ -306,8 +306,7 @@ def _fell_back(s: Session, raw: bytes, exc: Fallback) -> None:
 
 def _start_wrapping(s: Session) -> None:
     s.enter_parse_mode()
-    s.wrapping, s.cancelled = True, False
-    s.service_cancel = ServiceCancel()
+    s.wrapping, s.cancelled, s.service_cancel = True, False, None
 
 
 def _end_wrapping(s: Session) -> None:

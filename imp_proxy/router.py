@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -396,7 +396,7 @@ class Router:
                       snapshot_text: str | None = None,
                       settings: tuple[str, ...] | None = None,
                       started: str | None = None,
-                      cancel: ServiceCancel | None = None) -> PrepareOutcome:
+                      cancel: Callable[[], ServiceCancel] | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -408,8 +408,10 @@ class Router:
         asked (from memory only with an answer for a query those settings do not concern)
         and passes through the queries they concern. ``started``: the server's
         ``pg_postmaster_start_time()``, told to a hook that tracks restarts (its optional
-        ``server_started``) before anything is answered from memory. ``cancel``: lets the
-        client's CancelRequest interrupt the service connection's work."""
+        ``server_started``) before anything is answered from memory. ``cancel``: called (on
+        the event loop) when the prepare goes to a service connection, for the
+        :class:`ServiceCancel` that lets the client's CancelRequest interrupt its work (an
+        answer from memory needs none)."""
         hook = self._hook_for(dbname)
         if started:
             note = getattr(hook, "server_started", None)
@@ -433,7 +435,7 @@ class Router:
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
                                        sql, params, explain, snapshot_text, settings,
-                                       cancel or ServiceCancel())
+                                       cancel() if cancel is not None else None)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,

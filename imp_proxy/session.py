@@ -113,7 +113,7 @@ class Session(LocalAdmin):
         self.hold = False                # the proxy is busy with an intercepted statement
         self.wrapping = False            # intercept is wrapping a query of the client's
         self.cancelled = False           # a CancelRequest arrived during that wrapping
-        self.service_cancel = ServiceCancel()   # reaches the service connection preparing it
+        self.service_cancel: ServiceCancel | None = None   # reaches the service connection
         self.read_blocks = 0
         self.params: dict[str, str] = {}
         self.tls = False
@@ -416,7 +416,17 @@ class Session(LocalAdmin):
         service connection preparing the query is cancelled too (:class:`ServiceCancel`)."""
         if self.wrapping:
             self.cancelled = True
-            self._spawn(asyncio.to_thread(self.service_cancel.cancel))
+            if self.service_cancel is not None:
+                self._spawn(asyncio.to_thread(self.service_cancel.cancel))
+
+    def new_service_cancel(self) -> ServiceCancel:
+        """The :class:`ServiceCancel` of the wrapping's prepare, made when it goes to a
+        service connection (not per query: most are answered from memory); one made after
+        the client's cancel stops that prepare before it starts."""
+        self.service_cancel = cancel = ServiceCancel()
+        if self.cancelled:
+            cancel.requested = True
+        return cancel
 
     def enter_parse_mode(self) -> None:
         self.reader = MessageReader()
