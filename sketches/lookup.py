@@ -129,9 +129,16 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
         if persistence == "t":
             return Relations(f"{t.name} is a temporary table: only the client's session "
                              "can read its rows", (), ())
+        if int(oid) < FIRST_USER_OID:
+            return Relations(f"{t.name} is a system catalog: it takes no audit trigger, so "
+                             "every query would capture anew (slower than sending it)", (), ())
         oids[int(i) - 1], names[int(i) - 1] = int(oid), (str(schema), str(name))
     return Relations(None, tuple(oids), tuple(names), bool(rows) and rows[0][-1] is True)
 
+
+FIRST_USER_OID = 16384
+"""PostgreSQL's first object id for user-created objects; relations below it are the
+system's own catalogs."""
 
 GENERATED_ROUTINES = frozenset({
     "count", "sum", "min", "max", "avg", "array_agg", "bool_or", "string_agg", "width_bucket",
