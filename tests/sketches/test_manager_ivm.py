@@ -444,7 +444,7 @@ def test_parameters_python_finds_equal_keep_their_own_sketches(db: str,
     """Python finds ``Decimal('5.0') == Decimal('5')``, ``-0.0 == 0.0`` and
     ``Decimal('1.0') == 1.0``; their text in PostgreSQL differs (a float8 ``1.0`` reads
     ``1``). (Found: the instance cache keyed by the values answered ``5`` with the sketch of
-    ``5.0``, 0 groups instead of 10; a numeric and a float8 of one text shared a template
+    ``5.0``, 3 groups instead of 10; a numeric and a float8 of one text shared a template
     instance; a float parameter was inlined into the pipeline's SQL as a numeric, whose
     ``-0.0`` reads ``0``: its state matched no row, and the safety belt turned maintenance
     off.)"""
