@@ -421,24 +421,18 @@ class SparkBackend:
                     read: TableRead) -> list[tuple[str, bool]]:
         """``(name, deterministic)`` of the collation of each text value ``read`` returns
         (planned, never run)."""
-        try:
-            with conn.transaction():
-                cur = conn.execute(sql.SQL("SELECT * FROM ({}) AS q LIMIT 0").format(
-                    read.query()))
-                text = [c.name for c in cur.description or () if c.type_code in _TEXTS]
-                if not text:
-                    return []
-                query = sql.SQL(
-                    "SELECT c.collname, c.collisdeterministic FROM (SELECT) AS imp_one"
-                    " LEFT JOIN ({}) AS q ON false, unnest(ARRAY[{}]) AS n(name)"
-                    " JOIN pg_catalog.pg_collation AS c ON c.oid = n.name::regcollation"
-                ).format(read.query(), sql.SQL(", ").join(
-                    sql.SQL("pg_catalog.pg_collation_for(q.{})").format(sql.Identifier(n))
-                    for n in text))
-                return [(str(r[0]), bool(r[1])) for r in conn.execute(query).fetchall()]
-        except psycopg.Error as exc:
-            raise BackendJobFailed(f"pushed-down read of {read.schema}.{read.name} failed "
-                                   f"in PostgreSQL: {exc}") from exc
+        text = [n for n, t in self._read_types(conn, read).items() if t in _TEXTS]
+        if not text:
+            return []
+        query = sql.SQL(
+            "SELECT c.collname, c.collisdeterministic FROM (SELECT) AS imp_one"
+            " LEFT JOIN ({}) AS q ON false, unnest(ARRAY[{}]) AS n(name)"
+            " JOIN pg_catalog.pg_collation AS c ON c.oid = n.name::regcollation"
+        ).format(read.query(), sql.SQL(", ").join(
+            sql.SQL("pg_catalog.pg_collation_for(q.{})").format(sql.Identifier(n))
+            for n in text))
+        with _pushed_down(conn, read):
+            return [(str(r[0]), bool(r[1])) for r in conn.execute(query).fetchall()]
 
     @contextmanager
     def _snapshot(self, conn: psycopg.Connection[Any]) -> Iterator[tuple[str, str]]:
@@ -482,12 +476,7 @@ class SparkBackend:
                       "preferTimestampNTZ": "true"})
         frames = []
         for read in plan.reads:
-            try:
-                with conn.transaction():  # a savepoint: a failure leaves the caller's intact
-                    types.update(self._check_types(conn, read))
-            except psycopg.Error as exc:
-                raise BackendJobFailed(f"pushed-down read of {read.schema}.{read.name} "
-                                       f"failed in PostgreSQL: {exc}") from exc
+            types.update(self._read_types(conn, read))
             table = sql.SQL("({}) AS {}").format(
                 read.query(), sql.Identifier(f"imp_r{read.index}")).as_string(conn)
             predicates = [p.as_string(conn)
@@ -517,9 +506,12 @@ class SparkBackend:
             " WHERE n.nspname = %s AND c.relname = %s", (read.schema, read.name)).fetchone()
         return -1.0 if row is None else float(row[0])
 
-    def _check_types(self, conn: psycopg.Connection[Any], read: TableRead) -> dict[str, int]:
+    def _read_types(self, conn: psycopg.Connection[Any], read: TableRead) -> dict[str, int]:
+        """Output name → type oid of ``read`` (planned, never run); raises
+        :class:`BackendUnsupported` for a type Spark does not map exactly."""
         query = sql.SQL("SELECT * FROM ({}) AS q LIMIT 0").format(read.query())
-        cur = conn.execute(query)
+        with _pushed_down(conn, read):
+            cur = conn.execute(query)
         for col in cur.description or ():
             if col.name == read.partition_column:
                 continue  # compared inside PostgreSQL only
@@ -694,6 +686,18 @@ class SparkBackend:
         except Exception as exc:  # noqa: BLE001 — py4j wraps every JVM error
             raise BackendJobFailed(f"Spark job failed: {_first_line(exc)}") from exc
 
+
+
+@contextmanager
+def _pushed_down(conn: psycopg.Connection[Any], read: TableRead) -> Iterator[None]:
+    """A savepoint for SQL about ``read`` on the caller's connection (a failure leaves the
+    caller's transaction intact), its failure raised as :class:`BackendJobFailed`."""
+    try:
+        with conn.transaction():
+            yield
+    except psycopg.Error as exc:
+        raise BackendJobFailed(f"pushed-down read of {read.schema}.{read.name} failed in "
+                               f"PostgreSQL: {exc}") from exc
 
 
 def _check_collation(plan: BatchPlan, df: Any) -> None:

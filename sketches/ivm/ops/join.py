@@ -161,6 +161,7 @@ def _keys(delta: ZSet, cols: Sequence[int]) -> set[Key]:
     key = key_function(cols)
     keys = {key(row) for (row, _ann), _w in delta.items()}
     keys.discard(None)
-    if any(v != v for k in keys if k is not None for v in k):
+    found = cast(set[Key], keys)
+    if any(v != v for k in found for v in k):
         raise NotMaintainable("a NaN join key is not maintained")
-    return cast(set[Key], keys)
+    return found
