@@ -25,7 +25,7 @@ from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_STARTED
 from . import admin
 from .errors import UpstreamError
 from .protocol import codec
-from .protocol._struct import FLOAT4, FLOAT8, INT16, INT32, INT64, unpack_int16_from
+from .protocol._struct import FLOAT8, INT16, INT32, INT64, unpack_int16_from
 from .protocol.framing import ProtocolViolation, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
@@ -138,14 +138,17 @@ def batch_shape(data: bytes, pos: int, max_size: int,
 # ------------------------------------------------------------------ parameters
 
 _TEXT_INT = {20, 21, 23}   # not oid: PostgreSQL reads "-1" as 4294967295
-_BINARY = {21: INT16, 23: INT32, 20: INT64, 700: FLOAT4, 701: FLOAT8}
+_BINARY = {21: INT16, 23: INT32, 20: INT64, 701: FLOAT8}
 
 
 def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
     """Bind parameters as Python values for the library; None when one cannot be decoded
-    (binary format of a type other than int2/int4/int8/float4/float8/bool; float4 as text:
-    PostgreSQL reads it as the nearest float4, widened to float8 where it meets a number,
-    and the nearest double to the text is another value)."""
+    (binary format of a type other than int2/int4/int8/float8/bool; float4 in any format:
+    PostgreSQL reads text as the nearest float4 and the nearest double is another value,
+    and a float4 is no float8 where it is cast to text or meets another float4 in
+    arithmetic. Found: binary float4 0.1, decoded as its float8 widening, was inlined into
+    the delta reads as ``'0.10000000149011612'::float8``; ``s <> $1::text`` then counted
+    rows of ``'0.1'`` that the query does not, and a maintained sketch lost their group.)"""
     out: list[object] = []
     for i, raw in enumerate(bind.params):
         oid = types[i] if i < len(types) else 0
