@@ -245,14 +245,16 @@ class ServiceCancel:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._released = threading.Event()
-        self.requested = False
+        self.requested = threading.Event()
+        """Set by :meth:`cancel`; a sketch library that takes a ``stop`` event stops waiting
+        for another prepare of the query's template when it is set."""
 
     @contextlib.contextmanager
     def attached(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
         """``conn`` may be cancelled inside; raises :class:`PrepareCancelled` at once when
         the client cancelled already."""
         with self._lock:
-            if self.requested:
+            if self.requested.is_set():
                 raise PrepareCancelled("the client cancelled its query")
             self._conn = conn
         try:
@@ -266,7 +268,7 @@ class ServiceCancel:
         """Blocking (each round opens a connection to PostgreSQL): run it in a worker
         thread."""
         with self._lock:
-            self.requested = True
+            self.requested.set()
         while True:
             with self._lock:
                 if self._conn is None:
@@ -444,11 +446,13 @@ class Router:
                           cancel: ServiceCancel | None = None) -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
-        imported, instead of reading it."""
+        imported, instead of reading it — and ``prepare(…, stop=)``: the cancel's event, which
+        ends a wait for another prepare of the query's template."""
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
-        with self._service(dbname) as conn, (cancel or ServiceCancel()).attached(conn):
+        cancel = cancel or ServiceCancel()
+        with self._service(dbname) as conn, cancel.attached(conn):
             reported = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)
             if settings is not None:   # the unreported ones are compared after the setup
                 assumed = reported + settings[len(reported):]
@@ -477,6 +481,8 @@ class Router:
                 kwargs: dict[str, Any] = {} if differ is None else {"settings_differ": differ}
                 if snapshot_text is not None:
                     kwargs["snapshot"] = snapshot_text
+                if hasattr(self._hook_for(dbname), "prepare_cached"):
+                    kwargs["stop"] = cancel.requested
                 p = hook.prepare(conn, sql, params, search_path, **kwargs)
                 prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()

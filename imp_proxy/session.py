@@ -425,7 +425,7 @@ class Session(LocalAdmin):
         the client's cancel stops that prepare before it starts."""
         self.service_cancel = cancel = ServiceCancel()
         if self.cancelled:
-            cancel.requested = True
+            cancel.requested.set()
         return cancel
 
     def enter_parse_mode(self) -> None:

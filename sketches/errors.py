@@ -41,3 +41,8 @@ class CaptureError(SketchError):
 
 class InstrumentationError(SketchError):
     """The rewritten query did not survive the print/re-parse safety belt."""
+
+
+class Interrupted(SketchError):
+    """The caller stopped a prepare that was waiting (for another prepare of the same
+    template); nothing was decided."""

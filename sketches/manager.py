@@ -26,6 +26,7 @@ snapshot older than the state's version (the background ran ahead) passes throug
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -45,7 +46,7 @@ from sketches.answers import Answer, Answers, Key, answer_key, query_key, templa
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
 from sketches.capture import CaptureTarget
-from sketches.errors import CaptureError, PartitionError, SketchError, UnsupportedQuery
+from sketches.errors import CaptureError, Interrupted, PartitionError, SketchError, UnsupportedQuery
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
@@ -224,7 +225,8 @@ class SketchManager(IncrementalMaintenance):
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
                 search_path: str | None = None, snapshot: str | None = None,
-                settings_differ: str | None = None) -> Prepared:
+                settings_differ: str | None = None,
+                stop: threading.Event | None = None) -> Prepared:
         """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
 
         ``snapshot`` (with ``search_path``): the caller vouches that conn is in a fresh
@@ -237,7 +239,12 @@ class SketchManager(IncrementalMaintenance):
         ``settings_differ``: why the client session's TimeZone, DateStyle or IntervalStyle
         are not conn's. Then only a query that means the same under both is served: one that
         reads no date, time, interval, range or composite value (``Relations.settings_free``)
-        and has no such parameter; any other passes through with this reason."""
+        and has no such parameter; any other passes through with this reason.
+
+        ``stop``: once set, a prepare still waiting for another one of its template (a
+        capture, a maintenance: the template's lock) raises :class:`Interrupted`. Why: the
+        caller's client cancelled, and that wait is in Python, where no cancel of the
+        database reaches it."""
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         cls = self.classify(sql)
@@ -251,7 +258,7 @@ class SketchManager(IncrementalMaintenance):
             self._remember_conninfo(conn)
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
-                                        cls.template, settings_differ)
+                                        cls.template, settings_differ, stop)
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and _catalog_gone(exc):
                 self._catalog_lost(exc)
@@ -261,10 +268,11 @@ class SketchManager(IncrementalMaintenance):
     def _prepare_locked(self, conn: psycopg.Connection[Any], sql: str,
                         params: Sequence[object] | None, search_path: str | None, path: str,
                         snapshot: str | None, template: str,
-                        settings_differ: str | None = None) -> Prepared:
+                        settings_differ: str | None = None,
+                        stop: threading.Event | None = None) -> Prepared:
         tmpl = self._template(template)
         self._txn.uncommitted = _Uncommitted()
-        with tmpl.lock:
+        with _held(tmpl.lock, stop):
             tmpl.seen += 1
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
@@ -924,6 +932,25 @@ class SketchManager(IncrementalMaintenance):
             if incremental.installed(conn):
                 conn.execute("DELETE FROM imp.ivm_state")
         return count
+
+
+STOP_POLL = 0.05
+"""Seconds between looks at a prepare's ``stop`` while it waits for its template's lock."""
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock, stop: threading.Event | None) -> Iterator[None]:
+    """``lock`` held inside; waited for until ``stop`` is set (then :class:`Interrupted`)."""
+    if stop is None:
+        lock.acquire()
+    else:
+        while not lock.acquire(timeout=STOP_POLL):
+            if stop.is_set():
+                raise Interrupted("stopped while waiting for another prepare of the template")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _captured_on(stored: catalog.StoredSketch, by_alias: dict[str, TableRef],

@@ -353,6 +353,48 @@ def test_a_cancel_during_the_wrapping_cancels_the_query(
             assert all(not str(n).startswith("_imp") for (n,) in names), names
 
 
+def test_a_cancel_reaches_a_query_waiting_for_another_capture_of_its_template(
+        library_proxy: ProxyProcess, fresh_db: Callable[[], str]) -> None:
+    """Two sessions send one query; the first's capture waits on a lock another session
+    holds, the second waits (in Python) for that capture. Found: the second's cancel took
+    effect only when the lock went (no cancel of PostgreSQL reaches a wait in Python). Now it
+    gets PostgreSQL's ``57014`` while the lock is still held, and the first its rows once the
+    lock goes."""
+    dsn = fresh_db()
+    q = "SELECT g, sum(v) FROM cw GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
+    with psycopg.connect(dsn, autocommit=True) as d:
+        d.execute("CREATE TABLE cw (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute("INSERT INTO cw SELECT i, i % 100, (i * 37) % 1000"
+                  " FROM generate_series(1, 20000) i")
+        d.execute("ANALYZE cw")
+        want = d.execute(q).fetchall()
+    proxied = via_proxy(dsn, library_proxy.port)
+    first: list[object] = []
+    with psycopg.connect(dsn) as locker, psycopg.connect(proxied, autocommit=True) as a, \
+            psycopg.connect(proxied, autocommit=True) as b:
+        a.execute("IMP DROP ALL SKETCHES")
+        locker.execute("LOCK TABLE cw IN ACCESS EXCLUSIVE MODE")
+        capturing = threading.Thread(target=lambda: first.append(a.execute(q).fetchall()))
+        capturing.start()
+        released = threading.Event()
+        last_resort = threading.Timer(LOCK_HELD, _release, (released, locker))
+        last_resort.start()
+        try:
+            time.sleep(0.5)   # the first session's capture waits on the lock
+            threading.Timer(0.5, b.cancel).start()
+            with pytest.raises(psycopg.errors.QueryCanceled) as info:
+                b.execute(q)
+            assert not released.is_set(), f"the cancel waited {LOCK_HELD} s for the lock"
+        finally:
+            last_resort.cancel()
+            if not released.is_set():
+                locker.commit()
+            capturing.join(LOCK_HELD)
+        assert info.value.diag.message_primary == "canceling statement due to user request"
+        assert first == [want]
+        assert b.execute(q).fetchall() == want
+
+
 LOCK_HELD = 20.0
 """Seconds the cancel test holds its lock at most (the capture's wait): a cancel that only
 takes effect once the capture is done comes after it."""
