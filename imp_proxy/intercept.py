@@ -63,12 +63,15 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", current_setting('default_transaction_isolation') = 'serializable', "
-                  + SERVER_STARTED)
+                  + SERVER_STARTED + ", pg_catalog.pg_client_encoding()")
+NOT_UTF8 = ("the session's client_encoding is not UTF8: the proxy reads the client's SQL and "
+            "parameters as UTF-8")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
                 "wrapping, and a query that reads only some fragments, would hide its reads "
                 "from PostgreSQL's serializable conflict checks")
 CANCEL_STATEMENT = "_imp_cancel"    # PostgreSQL's own cancel, for one asked during a wrapping
 PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
+INFERRED_STATEMENT = "_imp_inferred"  # the same without declared types: what PostgreSQL infers
 WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
 CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
 
@@ -141,9 +144,33 @@ _TEXT_INT = {20, 21, 23}   # not oid: PostgreSQL reads "-1" as 4294967295
 _BINARY = {21: INT16, 23: INT32, 20: INT64, 701: FLOAT8}
 
 
-def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
+_INTS = frozenset({20, 21, 23})
+_TEXTS = frozenset({25, 1043})   # text, varchar (varchar has text's operators)
+_NUMERIC, _FLOAT8 = 1700, 701
+
+
+def same_meaning(declared: int, inferred: int) -> bool:
+    """Does the client's parameter of type ``declared`` mean in its query what the decoded
+    value means where PostgreSQL infers ``inferred``? The library's own statements (the
+    capture, the delta reads, a restarted manager's) bind an integer, numeric, float or
+    boolean value with psycopg's type for it, inline it, or leave other values to be read as
+    the type PostgreSQL infers there. An integer meets an integer, numeric or float8 operand
+    as that type either way. Found, where they differ: a ``text`` parameter compared with a
+    ``char(3)`` column as text (``'ab' <> 'ab '``) but captured as ``bpchar`` (blanks
+    ignored); a ``timestamptz`` read as a ``timestamp`` (its offset dropped), a ``timestamp``
+    as a ``date``; a numeric ``2`` divided ``v / $1`` as numeric but maintained as the
+    integer the query infers (a group missing in each)."""
+    return (declared == inferred
+            or (declared in _INTS and (inferred in _INTS or inferred in (_NUMERIC, _FLOAT8)))
+            or (declared in _TEXTS and inferred in _TEXTS))
+
+
+def decode_params(bind: Bind, types: Sequence[int],
+                  inferred: Sequence[int] | None = None) -> list[object] | None:
     """Bind parameters as Python values for the library; None when one cannot be decoded
-    (binary format of a type other than int2/int4/int8/float8/bool; float4 in any format:
+    (a type that does not have :func:`same_meaning` as the one PostgreSQL would infer for
+    it, ``inferred``, when that is given; binary format of a type other than
+    int2/int4/int8/float8/bool; float4 in any format:
     PostgreSQL reads text as the nearest float4 and the nearest double is another value,
     and a float4 is no float8 where it is cast to text or meets another float4 in
     arithmetic. Found: binary float4 0.1, decoded as its float8 widening, was inlined into
@@ -152,6 +179,9 @@ def decode_params(bind: Bind, types: Sequence[int]) -> list[object] | None:
     out: list[object] = []
     for i, raw in enumerate(bind.params):
         oid = types[i] if i < len(types) else 0
+        if inferred is not None and not same_meaning(oid, inferred[i] if i < len(inferred)
+                                                     else 0):
+            return None
         if raw is None:
             out.append(None)
             continue
@@ -205,6 +235,20 @@ def _parameter_types(msg: bytes) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ snapshot + prepare
 
+def _probe(sql: str, types: tuple[int, ...]) -> bytes:
+    """Parse and Describe of the client's SQL with the types it declared (the statement's
+    parameter types) and, when it declared any, without them: the types PostgreSQL infers,
+    which the library's own statements get (:func:`decode_params`). Ends in Sync."""
+    out = (codec.encode_parse(PROBE_STATEMENT, sql, types)
+           + codec.encode_describe("S", PROBE_STATEMENT)
+           + codec.encode_close("S", PROBE_STATEMENT))
+    if any(types):
+        out += (codec.encode_parse(INFERRED_STATEMENT, sql)
+                + codec.encode_describe("S", INFERRED_STATEMENT)
+                + codec.encode_close("S", INFERRED_STATEMENT))
+    return out + codec.encode_sync()
+
+
 def _first_error(replies: list[tuple[int, bytes]]) -> str | None:
     for typ, msg in replies:
         if typ == ERROR_RESPONSE:
@@ -224,9 +268,7 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     payload = codec.encode_query(BEGIN_SNAPSHOT)
     ready = 1
     if bind is not None:
-        payload += (codec.encode_parse(PROBE_STATEMENT, sql, types)
-                    + codec.encode_describe("S", PROBE_STATEMENT)
-                    + codec.encode_close("S", PROBE_STATEMENT) + codec.encode_sync())
+        payload += _probe(sql, types)
         ready = 2
     replies = await s.exchange_with_upstream(payload, ready)
     err = _first_error(replies)
@@ -243,11 +285,14 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
         await _rollback(s)
         raise Fallback(SERIALIZABLE)
     started = (rows[0].values[4 + len(SESSION_SETTINGS)] or b"").decode()
+    if rows[0].values[5 + len(SESSION_SETTINGS)] != b"UTF8":
+        await _rollback(s)
+        raise Fallback(NOT_UTF8)
     params: list[object] | None = None
     if bind is not None:
-        described = [m for t, m in replies if t == PARAMETER_DESCRIPTION]
-        types = _parameter_types(described[0]) if described else types
-        params = decode_params(bind, types)
+        described = [_parameter_types(m) for t, m in replies if t == PARAMETER_DESCRIPTION]
+        types = described[0] if described else types
+        params = decode_params(bind, types, described[-1] if described else types)
         if params is None:
             await _rollback(s)
             raise Fallback("a parameter cannot be decoded")

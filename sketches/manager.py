@@ -781,10 +781,13 @@ class SketchManager(IncrementalMaintenance):
                            instance(stored.query, stored.params), stored.captures,
                            stored.maintenances, stored.uses, analysis=stored_analysis,
                            session=incremental.SessionSettings.read(conn))
-            if stored.params is not None and not self._custom:
-                try:  # the catalog keeps parameters as text; the engine needs their values
+            if stored.params is not None:
+                try:  # the catalog keeps parameters as text; the engine needs their values,
+                    # the instance its numbers (a text parameter is no threshold)
                     typed = incremental.typed_params(conn, stored.query, stored.params)
-                    entry.sketch = dataclasses.replace(entry.sketch, params=typed)
+                    entry.instance = instance(stored.query, typed)
+                    if not self._custom:
+                        entry.sketch = dataclasses.replace(entry.sketch, params=typed)
                 except NotMaintainable as exc:
                     entry.ivm_off = str(exc)
             entry.relations = relations.oids

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from pglast import ast
 from pglast.enums import A_Expr_Kind, BoolExprType
@@ -40,10 +40,15 @@ _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
 
 @dataclass(frozen=True, slots=True)
 class Threshold:
-    """A HAVING conjunct ``expr op value`` (normalised so ``expr`` is on the left)."""
+    """A HAVING conjunct ``expr op value`` (normalised so ``expr`` is on the left).
+    ``exact``: the value is a literal or an integer or numeric parameter; a float parameter
+    is a float8, and ``sum(n) > $1`` then compares as float8 (found: the sketch of ``1.0``
+    as a float answered the numeric ``1``, whose exact comparison keeps a group
+    ``1.00000000000000000001`` the float8 one drops: 0 rows instead of 1)."""
 
     op: str
     value: Decimal
+    exact: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +61,23 @@ class TemplateInstance:
     limit: int | None
 
 
-def _number(node: object, params: Sequence[object] | None) -> Decimal | None:
+def _number(node: object, params: Sequence[object] | None) -> tuple[Decimal, bool] | None:
+    """A numeric literal or parameter's value, and whether it is exact (not a float).
+
+    Only int, Decimal and float parameters are numbers: a text parameter compares as text
+    (found: ``max(s) > $1`` with ``'10'`` reused the sketch of ``'5'`` as stricter, where
+    ``'2' > '10'``: a group missing). NaN and infinities are no thresholds (their order is
+    PostgreSQL's, not Decimal's)."""
     if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Integer):
-        return Decimal(node.val.ival)
+        return Decimal(node.val.ival), True
     if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Float):
-        return Decimal(node.val.fval)
+        return Decimal(node.val.fval), True
     if isinstance(node, ast.ParamRef) and params is not None and node.number <= len(params):
         value = params[node.number - 1]
-        if isinstance(value, bool) or value is None:
+        if type(value) not in (int, Decimal, float):
             return None
-        try:
-            return Decimal(str(value))
-        except InvalidOperation:
-            return None
+        number = Decimal(repr(value)) if type(value) is float else Decimal(value)
+        return (number, type(value) is not float) if number.is_finite() else None
     return None
 
 
@@ -118,10 +127,10 @@ def _threshold(conj: ast.Node, params: Sequence[object] | None) -> Threshold | N
     left = _number(conj.lexpr, params)
     if right is not None and left is None:
         conj.rexpr = _marker()
-        return Threshold(op, right)
+        return Threshold(op, *right)
     if left is not None and right is None:
         conj.lexpr = _marker()
-        return Threshold(_FLIP[op], left)
+        return Threshold(_FLIP[op], *left)
     return None
 
 
@@ -134,16 +143,16 @@ def instance(sql: str, params: Sequence[object] | None = None) -> TemplateInstan
         if t is not None:
             thresholds.append(t)
     limit = None
-    value = _number(stmt.limitCount, params) if stmt.limitCount is not None else None
-    if value is not None and value == value.to_integral_value():
-        limit = int(value)
+    number = _number(stmt.limitCount, params) if stmt.limitCount is not None else None
+    if number is not None and number[0] == number[0].to_integral_value():
+        limit = int(number[0])
         stmt.limitCount = _marker()
     _substitute_params(stmt, params)
     return TemplateInstance(fingerprint(sql), stmt, tuple(thresholds), limit)
 
 
 def _stricter(new: Threshold, old: Threshold) -> bool:
-    if new.op != old.op:
+    if new.op != old.op or new.exact != old.exact:
         return False
     if new.op in (">", ">="):
         return new.value >= old.value
