@@ -253,13 +253,25 @@ def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: 
     conn.execute(sql.SQL("ANALYZE {} ({})").format(ident, col))
 
 
+_TEXT_STYLE = ("SELECT set_config('DateStyle', 'ISO, YMD', true),"
+               " set_config('IntervalStyle', 'postgres', true),"
+               " set_config('extra_float_digits', '1', true)")
+"""Settings under which the bounds' text is written: read back the same in every session (an
+ISO date is no other date under any DateStyle). Found: a partition built under ``SQL, DMY``
+kept ``01/06/2020``, 6 January to a session (or a restarted manager's connection) under
+``SQL, MDY``; its sketch then skipped the rows of 1 June (0 rows instead of 3)."""
+
+
 def _typed_bounds(conn: psycopg.Connection[Any], info: ColumnInfo,
                   values: list[Any]) -> tuple[tuple[Any, ...], tuple[str, ...], str]:
-    """Round-trips the bounds through PostgreSQL: typed values, text literals, array literal."""
-    row = conn.execute(
-        sql.SQL("SELECT b, array(SELECT x::text FROM unnest(b) AS x), b::text"
-                " FROM (SELECT %s::{}[] AS b) AS s").format(sql.SQL(info.value_type)),
-        (values,)).fetchone()
+    """Round-trips the bounds through PostgreSQL: typed values, text literals, array literal
+    (text in :data:`_TEXT_STYLE`, whose settings are undone after)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(_TEXT_STYLE)
+        row = conn.execute(
+            sql.SQL("SELECT b, array(SELECT x::text FROM unnest(b) AS x), b::text"
+                    " FROM (SELECT %s::{}[] AS b) AS s").format(sql.SQL(info.value_type)),
+            (values,)).fetchone()
     assert row is not None
     return tuple(row[0]), tuple(row[1]), str(row[2])
 

@@ -1055,3 +1055,30 @@ def test_random_update_sequences(db: str, strategy: str,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     Machine.TestCase().runTest()
     assert sum(Machine.maintained) > 0
+
+
+def test_sketches_captured_under_another_datestyle(db: str) -> None:
+    """A partition built under ``SQL, DMY`` kept its bounds as ``01/06/2020``; the sketch's
+    instrumented query, run by a session under ``SQL, MDY`` (and by a restarted manager),
+    read 6 January and skipped the rows of 1 June (found: 0 rows instead of 3)."""
+    q = "SELECT id, d FROM dsx WHERE d >= DATE '2020-06-01' ORDER BY d, id LIMIT 3"
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS dsx")
+        c.execute("CREATE TABLE dsx (id serial PRIMARY KEY, g int, d date)")
+        c.execute("INSERT INTO dsx (g, d) SELECT i % 40, date '2020-01-01'"
+                  " + (i % 12) * interval '1 month' FROM generate_series(1, 4000) i")
+        analyze_and_track(c, "dsx")
+        c.execute("SET DateStyle = 'SQL, DMY'")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            first = check(m, c, q, None)
+            c.execute("SET DateStyle = 'SQL, MDY'")
+            assert check(m, c, q, None).sketch_id == first.sketch_id
+        finally:
+            m.close()
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            assert check(m, c, q, None).sketch_id == first.sketch_id
+        finally:
+            m.close()
+        assert len(c.execute(q).fetchall()) == 3

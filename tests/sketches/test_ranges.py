@@ -206,6 +206,30 @@ def test_python_bounds_roundtrip_decimal_and_timestamps(conn: psycopg.Connection
         assert all(p.fragment_of(v) == f for v, f in rows)
 
 
+@pytest.mark.parametrize("style", ["SQL, DMY", "German", "Postgres, MDY"])
+def test_bounds_text_reads_the_same_in_every_session(conn: psycopg.Connection[Any],
+                                                     style: str) -> None:
+    """Bounds built under another DateStyle were kept as its text (``01/06/2020``), which a
+    session under ``SQL, MDY`` reads as 6 January: now their text is ISO, the session's
+    DateStyle is left as it was, and the fragments PostgreSQL computes under another style
+    are Python's."""
+    table = "ds_" + "".join(ch for ch in style if ch.isalpha()).lower()
+    conn.execute(sql.SQL("CREATE TABLE {} (d date, ts timestamp)").format(sql.Identifier(table)))
+    conn.execute(sql.SQL("INSERT INTO {} SELECT date '2020-01-01' + i, timestamp '2020-01-01'"
+                         " + i * interval '7 hours' FROM generate_series(0, 400) i").format(
+        sql.Identifier(table)))
+    conn.execute(f"SET DateStyle = '{style}'")
+    before = conn.execute("SHOW DateStyle").fetchone()
+    parts = [build_partition(conn, "public", table, c, fragments=12) for c in ("d", "ts")]
+    assert conn.execute("SHOW DateStyle").fetchone() == before
+    conn.execute("SET DateStyle = 'SQL, MDY'")
+    for p, col in zip(parts, ("d", "ts"), strict=True):
+        rows = conn.execute(sql.SQL("SELECT {c}, {f} FROM {t}").format(
+            c=sql.Identifier(col), f=p.fragment_sql(sql.Identifier(col)),
+            t=sql.Identifier(table))).fetchall()
+        assert all(p.fragment_of(v) == f for v, f in rows), col
+
+
 def test_nondeterministic_collation_is_refused(conn: psycopg.Connection[Any]) -> None:
     """Equal values under such a collation ('a' = 'A') may lie in different fragments."""
     conn.execute("CREATE COLLATION IF NOT EXISTS ci_test"
