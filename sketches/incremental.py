@@ -28,7 +28,7 @@ from sketches import catalog, deltas
 from sketches.deltas import Snapshot
 from sketches.ivm import partials
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import FLOAT8, INT_BOUNDS
+from sketches.ivm.expr import FLOAT8, INT_BOUNDS, Col, Const, comparisons, temporal_kind
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import PlanSpec, SketchTarget, TableSpec, compile
 from sketches.ivm.sqltext import arithmetic, bind_params, param_literal
@@ -56,7 +56,19 @@ which psycopg loads with a year of 365 days where PostgreSQL compares 12 months 
 HAVING count(*) sketch missed the group. Others differ too: timetz (equal instants in other
 zones are two values in PostgreSQL), inet and cidr (another order), jsonb and arrays (loaded
 unhashable), ranges and composites."""
-TEXT, BPCHAR, VARCHAR, NUMERIC = 25, 1042, 1043, 1700
+TEXT, BPCHAR, VARCHAR, NUMERIC, FLOAT4 = 25, 1042, 1043, 1700, 700
+READ_AS = {FLOAT4: "({})::float8", BPCHAR: "({})::text"}
+"""How values of these types are read into Python, so that they compare there as PostgreSQL
+compares them. A real: widened to float8 exactly, as PostgreSQL widens it to compare it with a
+float8 or numeric (psycopg reads the real's shortest text, and ``'0.1'`` is the double nearest
+0.1, not the real's 0.100000001490116…: found, ``GROUP BY x HAVING x > 0.1`` over a real ``x``
+lost the group of ``0.1``, 0 rows instead of 1). A character(n): without its trailing blanks,
+which its equality ignores (the cast to text drops them; found: ``'k5 '`` and ``'k5'`` were two
+groups in Python and one in PostgreSQL, and the maintained sketch of ``HAVING count(*) > 100``
+missed the group: 0 rows instead of 1)."""
+_TEMPORAL_TYPES = {1082: "date", 1114: "timestamp", 1184: "timestamptz", 1083: "time",
+                   1266: "timetz"}
+"""The :func:`~sketches.ivm.expr.temporal_kind` of the values of these types."""
 _ARITH_TYPES = frozenset({*INT_BOUNDS, FLOAT8, NUMERIC})
 _COLLATABLE = frozenset({TEXT, BPCHAR, VARCHAR})   # ("char", name: C)
 _SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits")
@@ -100,8 +112,6 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     spec = pipeline.spec
     _refuse_untracked(conn, [t.relation for t in spec.tables])
     arith = _arith_types(conn, spec, params)
-    if arith:
-        pipeline = compile(analysis, targets, params, arith_types=arith)
     args = [(f.func, a) for f, a in zip(spec.aggs, spec.agg_sql, strict=True) if a is not None]
     exprs = [*(a for _f, a in args), *spec.group_sql, *(p for t in spec.tables for p in t.payload)]
     compared = _compared(spec)
@@ -111,6 +121,7 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     _refuse_nondeterministic(conn, spec.tables, [e for e in compared if typed[e] in _COLLATABLE])
     if not partials.eligible(spec):
         _refuse_cast_join_keys(spec, typed)
+    _refuse_mixed_temporal(spec, typed)
     if any(func in ("sum", "avg") and o in FLOAT_OIDS
            for (func, _a), o in zip(args, oids, strict=False)):
         raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
@@ -123,6 +134,9 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
         if row is None or row[0] is not None:   # enums pass: see ENGINE_TYPES
             raise NotMaintainable(f"values of type {', '.join(row[0] if row else [])} are "
                                   "not held by the engine (see incremental.ENGINE_TYPES)")
+    read_as = {e: READ_AS[o].format(e) for e, o in typed.items() if o in READ_AS}
+    if arith or read_as:
+        pipeline = compile(analysis, targets, params, arith_types=arith, read_as=read_as)
     return pipeline
 
 
@@ -178,6 +192,23 @@ def _refuse_cast_join_keys(spec: PlanSpec, typed: Mapping[str, int]) -> None:
             if not same or a == BPCHAR:
                 raise NotMaintainable(f"join key {left} = {right} compares types {a} and {b}"
                                       " by PostgreSQL's rules, not Python's")
+
+
+def _refuse_mixed_temporal(spec: PlanSpec, typed: Mapping[str, int]) -> None:
+    """Raises :class:`NotMaintainable` when HAVING or ORDER BY compares a group key with a
+    date/time constant of another kind (a date key with a timestamp parameter, a time with a
+    timetz): PostgreSQL casts one side, Python's equality is false
+    (:func:`sketches.ivm.expr.check_kinds`, which refuses the same while evaluating, for the
+    comparisons not known here)."""
+    width = len(spec.group_sql)
+    for cmp in (c for e in (spec.having, *spec.order_exprs) for c in comparisons(e)):
+        for key, other in ((cmp.left, cmp.right), (cmp.right, cmp.left)):
+            if type(key) is not Col or key.index >= width or type(other) is not Const:
+                continue
+            kind = temporal_kind(other.value)
+            if kind is not None and kind != _TEMPORAL_TYPES.get(typed[spec.group_sql[key.index]]):
+                raise NotMaintainable(f"group key {spec.group_sql[key.index]} compared with a "
+                                      f"{kind}: PostgreSQL casts one side, Python does not")
 
 
 def _arith_types(conn: Conn, spec: PlanSpec, params: Sequence[object] | None

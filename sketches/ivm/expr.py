@@ -9,6 +9,7 @@ not reproduced here.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import operator
 from collections.abc import Callable
@@ -67,6 +68,8 @@ class Cmp:
             if self.op not in ("=", "<>", "!="):
                 raise NotMaintainable("text ordering depends on the collation: not evaluated here")
             check_blanks(a, b)
+        if isinstance(a, _TEMPORAL) or isinstance(b, _TEMPORAL):
+            check_kinds(a, b)
         if type(a) is float or type(b) is float:
             a, b = as_float8(a), as_float8(b)
         return _CMP[self.op](a, b)
@@ -78,6 +81,34 @@ def check_blanks(a: object, b: object) -> None:
     not say whether it was char(n) or text."""
     if (isinstance(a, str) and a.endswith(" ")) or (isinstance(b, str) and b.endswith(" ")):
         raise NotMaintainable("text with trailing blanks (char(n) ignores them): not evaluated")
+
+
+_TEMPORAL = (dt.date, dt.time)   # dt.datetime is a dt.date
+
+
+def temporal_kind(v: object) -> str | None:
+    """Which of PostgreSQL's date/time types a Python value stands for (None: not one):
+    date, timestamp, timestamptz, time or timetz."""
+    if isinstance(v, dt.datetime):
+        return "timestamp" if v.tzinfo is None else "timestamptz"
+    if isinstance(v, dt.date):
+        return "date"
+    if isinstance(v, dt.time):
+        return "time" if v.tzinfo is None else "timetz"
+    return None
+
+
+def check_kinds(a: object, b: object) -> None:
+    """Refuses comparing values of two kinds of :func:`temporal_kind` (or one with a
+    non-date/time value): PostgreSQL casts one side (a date to the timestamp at its
+    midnight, a timestamp to timestamptz in the session's zone, a time to timetz), where
+    Python's ``==`` is false and ``<`` raises. (Found: ``d = $1`` with a date key and a
+    timestamp parameter never held in Python: 0 rows instead of 1.)"""
+    kind = temporal_kind(a)
+    if kind != temporal_kind(b):
+        raise NotMaintainable(f"a {kind or type(a).__name__} compared with a "
+                              f"{temporal_kind(b) or type(b).__name__}: PostgreSQL casts one "
+                              "side, not evaluated here")
 
 
 def as_float8(v: Any) -> Any:
@@ -206,6 +237,17 @@ def columns(expr: Expr) -> frozenset[int]:
     if isinstance(expr, And | Or):
         return frozenset().union(*(columns(a) for a in expr.args))
     return columns(expr.arg)
+
+
+def comparisons(expr: Expr | None) -> list[Cmp]:
+    """The comparisons of ``expr``, outermost first."""
+    if isinstance(expr, Cmp):
+        return [expr]
+    if isinstance(expr, And | Or):
+        return [c for arg in expr.args for c in comparisons(arg)]
+    if isinstance(expr, Not | IsNull):
+        return comparisons(expr.arg)
+    return []
 
 
 def holds(expr: Expr, row: Row) -> bool:

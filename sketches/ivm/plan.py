@@ -160,9 +160,10 @@ _FUNCS = {"count": "count", "sum": "sum", "avg": "avg", "min": "min", "max": "ma
 
 class _Builder:
     def __init__(self, analysis: QueryAnalysis, targets: Sequence[SketchTarget],
-                 params: Sequence[object] | None) -> None:
+                 params: Sequence[object] | None, read_as: Mapping[str, str]) -> None:
         self.a = analysis
         self.params = params
+        self.read_as = read_as
         self.targets = {t.table: (slot, t) for slot, t in enumerate(targets)}
         if len(self.targets) != len(targets):
             raise NotMaintainable("two sketches on one table occurrence")
@@ -173,6 +174,12 @@ class _Builder:
 
     def bind(self, text: str) -> str:
         return bind_params(text, self.params, param_literal)
+
+    def value(self, text: str) -> str:
+        """The SQL that reads the value of ``text`` (parameters bound) into Python: its
+        ``read_as`` form (see :func:`compile`), else itself."""
+        bound = self.bind(text)
+        return self.read_as.get(bound, bound)
 
     def _join_order(self) -> list[int]:
         n = len(self.a.tables)
@@ -195,7 +202,7 @@ class _Builder:
     def need(self, table: int, text: str) -> int:
         """Position of ``text`` in the joined row (adding it to the table's payload)."""
         pos = self.pos_of_table[table]
-        bound = self.bind(text)
+        bound = self.value(text)
         if bound not in self.payload[pos]:
             assert not self.frozen, "payload registered after the first pass"
             self.payload[pos].append(bound)
@@ -210,14 +217,19 @@ class _Builder:
 
 def compile(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
             params: Sequence[object] | None = None, options: Options | None = None,
-            arith_types: Mapping[str, int] | None = None) -> Pipeline:
+            arith_types: Mapping[str, int] | None = None,
+            read_as: Mapping[str, str] | None = None) -> Pipeline:
     """The pipeline maintaining the sketch of ``analysis`` (with ``params``) on ``targets``
     (slot ``i`` of every annotation is ``targets[i]``); ``arith_types``: PostgreSQL's type
     oids of the HAVING / ORDER BY arithmetic (by :attr:`~sketches.ivm.expr.Arith.sql`), whose
-    range the engine then keeps as PostgreSQL does. Raises :class:`NotMaintainable`."""
+    range the engine then keeps as PostgreSQL does; ``read_as``: per value expression (group
+    key, aggregate argument, fetched column; SQL with parameters bound) the SQL to read it
+    with instead, so its Python value compares as PostgreSQL's does (a real widened to
+    float8: ``sketches.incremental``). Raises :class:`NotMaintainable`."""
     from sketches.ivm.pipeline import Pipeline
 
-    return Pipeline(plan(analysis, targets, params, options or Options(), arith_types))
+    return Pipeline(plan(analysis, targets, params, options or Options(), arith_types,
+                         read_as))
 
 
 def compile_for_sketch(analysis: QueryAnalysis, sketch: Sketch,
@@ -229,12 +241,13 @@ def compile_for_sketch(analysis: QueryAnalysis, sketch: Sketch,
 
 def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
          params: Sequence[object] | None, options: Options,
-         arith_types: Mapping[str, int] | None = None) -> PlanSpec:
+         arith_types: Mapping[str, int] | None = None,
+         read_as: Mapping[str, str] | None = None) -> PlanSpec:
     if not analysis.resolved:
         raise NotMaintainable("the analysis left column references unresolved")
     if not targets:
         raise NotMaintainable("no sketched table")
-    b = _Builder(analysis, targets, params)
+    b = _Builder(analysis, targets, params, read_as or {})
     # Payload order matters for positions: join keys first, in join order.
     joins_raw: list[tuple[list[tuple[int, str]], list[str]]] = []
     for step, t in enumerate(b.order[1:], start=1):
@@ -268,7 +281,8 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
             t = b.order[step]
             lpos = tuple(b.need(tab, text) for tab, text in left)
             rpos = [b.need(t, text) for text in right]
-            pending.append((step, lpos, rpos, tuple(x for _, x in left), tuple(right),
+            pending.append((step, lpos, rpos, tuple(b.value(x) for _, x in left),
+                            tuple(b.value(x) for x in right),
                             tuple(b.pos_of_table[tab] for tab, _ in left)))
         kind, extra = _upper(analysis, b, options, arith_types or {})
         return pending, kind, extra
@@ -367,7 +381,7 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options,
                 agg_sql.append(None)
             else:
                 aggs.append(AggSpec(func, b.need(b.table_of(arg), arg.sql)))
-                agg_sql.append(b.bind(arg.sql))
+                agg_sql.append(b.value(arg.sql))
         order_exprs: tuple[Expr, ...] = ()
         order: tuple[OrderItem, ...] = ()
         if k is not None:
@@ -377,7 +391,7 @@ def _upper(analysis: QueryAnalysis, b: _Builder, options: Options,
             order = tuple(OrderItem(out_width + i, o.descending, o.nulls_first)
                           for i, o in enumerate(analysis.order_by))
         return "aggregate", {
-            "group_by": group_pos, "group_sql": tuple(b.bind(g.sql) for g in analysis.group_by),
+            "group_by": group_pos, "group_sql": tuple(b.value(g.sql) for g in analysis.group_by),
             "aggs": tuple(aggs), "agg_sql": tuple(agg_sql), "scalar": not group_pos,
             "having": having, "order_exprs": order_exprs, "order": order, "k": k,
             "agg_origin": origin}

@@ -4,9 +4,10 @@ aggregate results into :mod:`sketches.ivm.expr` trees.
 
 The texts come from ``QueryAnalysis`` (printed by pglast, so normalised). The parser accepts
 only: the texts of the query's aggregate calls and GROUP BY expressions (matched verbatim, as
-the analyser printed them), numeric and string constants, ``$n``, NULL/TRUE/FALSE, ``+ - *``,
-comparisons, AND/OR/NOT, IS [NOT] NULL, parentheses and casts of constants to numeric types.
-Anything else raises :class:`NotMaintainable`.
+the analyser printed them, and only where PostgreSQL's operator precedence makes them a whole
+operand), numeric and string constants, ``$n``, NULL/TRUE/FALSE, ``+ - *``, comparisons,
+AND/OR/NOT, IS [NOT] NULL, parentheses and casts of constants to numeric types. Anything else
+raises :class:`NotMaintainable`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,28 @@ _CASTS: dict[str, Callable[[object], object]] = {
 }
 
 
-def tokens(text: str) -> list[tuple[str, str, int]]:
+Token = tuple[str, str, int]
+"""``(kind, text, offset)`` of :func:`tokens`."""
+
+_INFIX: dict[str, int] = {
+    "OR": 1, "AND": 2, "IS": 4, "ISNULL": 4, "NOTNULL": 4,
+    "=": 5, "<>": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
+    "NOT": 6, "BETWEEN": 6, "IN": 6, "LIKE": 6, "ILIKE": 6, "SIMILAR": 6, "ESCAPE": 6,
+    "OPERATOR": 7, "OVERLAPS": 7, "+": 8, "-": 8, "*": 9, "/": 9, "%": 9, "^": 10,
+    "AT": 11, "COLLATE": 12, "[": 14, "::": 15,
+}
+"""How tightly PostgreSQL's binary and postfix operators bind (its documented precedence,
+higher first: ``:: [ ] unary± COLLATE AT ^ */% +- (other operators) BETWEEN/IN/LIKE/NOT LIKE
+comparisons IS NOT AND OR``); an operator symbol not listed binds as "other" (7)."""
+_PREFIX: dict[str, int] = {"NOT": 3, "+": 13, "-": 13}
+_OTHER, _ATOM = 7, 16
+_PUNCT = frozenset({"(", ")", "]", ",", ".", ";", ":"})
+"""Operator-kind tokens that are no operators."""
+
+
+def tokens(text: str) -> list[Token]:
     """``(kind, text, offset)`` tokens; whitespace dropped; dollar-quoted strings rejected."""
-    out: list[tuple[str, str, int]] = []
+    out: list[Token] = []
     pos = 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
@@ -90,6 +110,43 @@ def bind_params(text: str, params: Sequence[object] | None,
     return "".join(parts)
 
 
+def _precedence(toks: Sequence[Token], k: int) -> int | None:
+    """How tightly ``toks[k]`` binds as an operator (prefix where an operand starts, else
+    binary or postfix); None when it is no operator (an operand, a bracket, a comma)."""
+    kind, text, _pos = toks[k]
+    if kind == "word":
+        text = text.upper()
+    elif kind != "op":
+        return None
+    if text in _PREFIX and _operand_starts(toks, k):
+        return _PREFIX[text]
+    if text in _INFIX:
+        return _INFIX[text]
+    return _OTHER if kind == "op" and text not in _PUNCT else None
+
+
+def _operand_starts(toks: Sequence[Token], k: int) -> bool:
+    """Does an operand start at ``toks[k]``: first, or after an opening bracket, a comma or
+    an operator?"""
+    return k == 0 or toks[k - 1][1] in ("(", "[", ",") or _precedence(toks, k - 1) is not None
+
+
+def _binding(toks: Sequence[Token]) -> int:
+    """How tightly the expression ``toks`` holds together: the precedence of its loosest
+    operator outside brackets (:data:`_ATOM` when it has none: a column, a call)."""
+    low, depth = _ATOM, 0
+    for k, (_kind, text, _pos) in enumerate(toks):
+        if depth == 0:
+            p = _precedence(toks, k)
+            if p is not None:
+                low = min(low, p)
+        if text in ("(", "["):
+            depth += 1
+        elif text in (")", "]"):
+            depth -= 1
+    return low
+
+
 class _Parser:
     def __init__(self, text: str, leaves: Sequence[tuple[str, Expr]],
                  params: Sequence[object] | None, types: Mapping[str, int]) -> None:
@@ -98,9 +155,12 @@ class _Parser:
         self.i = 0
         self.params = params
         self.types = types
-        # leaves as token sequences, longest first
-        self.leaves = sorted(((tuple(t[1] for t in tokens(s)), e) for s, e in leaves),
-                             key=lambda le: -len(le[0]))
+        # leaves as token sequences with their binding, longest first
+        self.leaves: list[tuple[tuple[str, ...], int, Expr]] = []
+        for s, e in leaves:
+            toks = tokens(s)
+            self.leaves.append((tuple(t[1] for t in toks), _binding(toks), e))
+        self.leaves.sort(key=lambda le: -len(le[0]))
 
     def peek(self, k: int = 0) -> str | None:
         j = self.i + k
@@ -201,9 +261,28 @@ class _Parser:
             e = Const(None if e.value is None else _CASTS[typ](e.value))
         return e
 
+    def whole_operand(self, n: int, binding: int) -> bool:
+        """Are the ``n`` tokens from here, an expression of ``binding``
+        (:func:`_binding`), a whole operand of this text as PostgreSQL parses it? Their
+        neighbours must bind more loosely: to the left an operator binding less (an equal one
+        takes the left operand first), to the right one binding no more (left-associative).
+        Found: leaf ``a + 1`` matched in ``a + 1 * -1``, which became ``(a + 1) * -1``: 0
+        rows instead of 99."""
+        before, after = self.i - 1, self.i + n
+        if before >= 0 and self.toks[before][1] not in ("(", "[", ","):
+            p = _precedence(self.toks, before)
+            if p is None or p >= binding:
+                return False
+        if after < len(self.toks) and self.toks[after][1] not in (")", "]", ","):
+            p = _precedence(self.toks, after)
+            if p is None or p > binding:
+                return False
+        return True
+
     def primary(self) -> Expr:
-        for seq, leaf in self.leaves:
-            if tuple(self.peek(k) for k in range(len(seq))) == seq:
+        for seq, binding, leaf in self.leaves:
+            if (tuple(self.peek(k) for k in range(len(seq))) == seq
+                    and self.whole_operand(len(seq), binding)):
                 self.i += len(seq)
                 return leaf
         kind = self.toks[self.i][0] if self.i < len(self.toks) else ""

@@ -9,10 +9,22 @@ subtree below the selection is stateless the predicate is pushed into the delta 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import _CMP, And, Cmp, Col, Const, Expr, Or, as_float8, columns
+from sketches.ivm.expr import (
+    _CMP,
+    And,
+    Cmp,
+    Col,
+    Const,
+    Expr,
+    Or,
+    as_float8,
+    check_kinds,
+    columns,
+    temporal_kind,
+)
 from sketches.ivm.operator import Operator
 from sketches.ivm.zset import Row, ZSet
 
@@ -87,8 +99,11 @@ def column_vs_constant(op: str, col: int, const: object) -> Eval:
 
 def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
     """:class:`Cmp` of a value with a non-NULL, non-text constant (a float8 on either side:
-    compared as float8, as in PostgreSQL: :func:`sketches.ivm.expr.as_float8`)."""
+    compared as float8, as in PostgreSQL: :func:`sketches.ivm.expr.as_float8`; a date/time
+    constant only with a value of its own kind: :func:`sketches.ivm.expr.check_kinds`)."""
     compare = _CMP[op]
+    if temporal_kind(const) is not None:
+        return _temporal_vs_constant(compare, const)
     float_const = type(const) is float
 
     def test(a: object) -> object:
@@ -98,5 +113,19 @@ def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
             raise NotMaintainable("a text value compared with a non-text constant")
         if float_const or type(a) is float:
             return compare(as_float8(a), as_float8(const))
+        return compare(a, const)
+    return test
+
+
+def _temporal_vs_constant(compare: Callable[[Any, Any], Any],
+                          const: object) -> Callable[[object], object]:
+    """:func:`value_vs_constant` for a date/time constant."""
+    kind = temporal_kind(const)
+
+    def test(a: object) -> object:
+        if a is None:
+            return None
+        if temporal_kind(a) != kind:
+            check_kinds(a, const)
         return compare(a, const)
     return test

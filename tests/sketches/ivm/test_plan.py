@@ -3,12 +3,14 @@ without a database."""
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 import pytest
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import Arith, Cmp, Col, Const
+from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, IsNull, Not, Or
+from sketches.ivm.ops.select import value_vs_constant
 from sketches.ivm.plan import SketchTarget, compile
 from sketches.ivm.sqltext import arithmetic, bind_params, parse_expression
 from sketches.ranges import RangePartition
@@ -108,3 +110,55 @@ def test_arithmetic_keeps_postgresqls_ranges() -> None:
             parse_expression("max(t.v) * 1e-300" if v < 1 else "max(t.v) * 1e300", leaves,
                              types={"max(t.v) * 1e-300": 701, "max(t.v) * 1e300": 701}
                              ).eval((0, v))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # found: the leaf t.a + 1 read at the start of t.a + 1 * -1, as (t.a + 1) * -1
+    ("t.a + 1 * -1", Arith("+", Col(0), Arith("*", Const(1), Const(-1)))),
+    ("3 - t.a + 1", Arith("+", Arith("-", Const(3), Col(0)), Const(1))),
+    ("- t.a + 1", Arith("+", Arith("-", Const(0), Col(0)), Const(1))),
+    ("2 * t.a + 1", Arith("+", Arith("*", Const(2), Col(0)), Const(1))),
+    ("t.a + 1 - 2", Arith("-", Col(1), Const(2))),            # left-associative: a leaf
+    ("(t.a + 1) * 2", Arith("*", Col(1), Const(2))),
+    ("NOT t.a + 1 > 3", Not(Cmp(">", Col(1), Const(3)))),
+    ("t.a + 1 IS NULL", IsNull(Col(1))),
+])
+def test_a_leaf_is_read_only_where_it_is_a_whole_operand(text: str, expected: Expr) -> None:
+    """A GROUP BY expression stands for its column only where PostgreSQL's precedence makes
+    it a whole operand; elsewhere its parts are read (here from the key ``t.a``)."""
+    leaves = [("count(*)", Col(2)), ("t.a", Col(0)), ("t.a + 1", Col(1))]
+    assert parse_expression(text, leaves) == expected
+
+
+def test_a_leaf_that_is_no_whole_operand_is_refused_without_its_parts() -> None:
+    """Boolean GROUP BY expressions: ``NOT a AND b`` is ``(NOT a) AND b``, never the leaf
+    ``a AND b`` negated; without a leaf for ``a`` it is refused. A column of another table
+    (``s.a``) is no leaf ``a``."""
+    leaves = [("t.a AND t.b", Col(0)), ("a = 1", Col(1))]
+    assert parse_expression("NOT t.a AND t.b OR a = 1",
+                            [*leaves, ("t.a", Col(2)), ("t.b", Col(3))]) == Or(
+        (And((Not(Col(2)), Col(3))), Col(1)))
+    assert parse_expression("t.a AND t.b OR NOT a = 1", leaves) == Or((Col(0), Not(Col(1))))
+    for bad in ("NOT t.a AND t.b", "x AND t.a AND t.b", "s.a = 1"):
+        with pytest.raises(NotMaintainable):
+            parse_expression(bad, leaves)
+
+
+@pytest.mark.parametrize(("key", "const"), [
+    (dt.date(2020, 1, 5), dt.datetime(2020, 1, 5)),
+    (dt.datetime(2020, 1, 5), dt.date(2020, 1, 5)),
+    (dt.datetime(2020, 1, 5, tzinfo=dt.UTC), dt.datetime(2020, 1, 5)),
+    (dt.time(10), dt.time(10, tzinfo=dt.UTC)),
+])
+def test_datetimes_of_two_kinds_are_not_compared(key: object, const: object) -> None:
+    """PostgreSQL casts one side (a date to a timestamp, a timestamp to timestamptz, a time
+    to timetz); Python's ``==`` is false (found: 0 rows instead of 1), so both the
+    expression and the compiled comparison refuse; values of one kind compare."""
+    for op in ("=", "<>", "<"):
+        with pytest.raises(NotMaintainable, match="casts one side"):
+            Cmp(op, Col(0), Const(const)).eval((key,))
+        with pytest.raises(NotMaintainable, match="casts one side"):
+            value_vs_constant(op, const)(key)
+    assert value_vs_constant("=", const)(const) is True
+    assert value_vs_constant("=", const)(None) is None
+    assert Cmp("<>", Col(0), Const(key)).eval((key,)) is False
