@@ -4,12 +4,20 @@ Why: Python's default decimal context rounds every result to 28 significant digi
 PostgreSQL's numeric keeps them all. A running sum of wide numeric values would drift from
 PostgreSQL's, and a sum beside a HAVING threshold could decide its group wrongly (a missing
 fragment: a wrong answer). Division is not here: avg's is ``accumulators.pg_numeric_div``.
+
+NaN and ±Infinity are not added at all (:func:`scale`, :func:`finite_difference`): PostgreSQL's
+sum counts them apart from the finite sum (a group's sum is NaN/±Infinity only while such a
+value is in it), while a running Decimal or float sum keeps a NaN after the row is deleted
+(NaN − NaN is NaN; Infinity − Infinity is NaN or an error). A non-finite value entering or
+leaving a sum is refused (:class:`NotMaintainable`: the caller recaptures).
 """
 
 from __future__ import annotations
 
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any
+
+from sketches.ivm.errors import NotMaintainable
 
 EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 """A context whose ``+ − ×`` never round (the default context's traps)."""
@@ -34,3 +42,37 @@ def multiply(a: Any, b: Any) -> Any:
     if type(a) is Decimal or type(b) is Decimal:
         return EXACT.multiply(a, b)
     return a * b
+
+
+def is_finite(value: object) -> bool:
+    """False for a Decimal or float NaN or ±Infinity (anything else counts as finite)."""
+    if type(value) is Decimal:
+        return value.is_finite()
+    if type(value) is float:
+        return value - value == 0.0   # inf - inf and nan - nan are nan
+    return True
+
+
+def refuse_non_finite(value: object) -> None:
+    """Raises :class:`NotMaintainable` for a NaN or ±Infinity entering or leaving a sum (see
+    the module docstring)."""
+    if not is_finite(value):
+        raise NotMaintainable(f"a sum over {value!r} is not maintained")
+
+
+def scale(value: Decimal) -> int:
+    """PostgreSQL's display scale of a numeric: its digits after the point, trailing zeros
+    included (psycopg keeps them: ``1.50`` is ``Decimal('1.50')``). Raises
+    :class:`NotMaintainable` for NaN and ±Infinity (see the module docstring)."""
+    exp = value.as_tuple().exponent
+    if type(exp) is not int:
+        raise NotMaintainable(f"a sum over {value!r} is not maintained")
+    return -exp if exp < 0 else 0
+
+
+def finite_difference(plus: Any, minus: Any) -> Any:
+    """``plus − minus`` for the sums of the inserted and the deleted values of a pre-aggregated
+    delta; raises :class:`NotMaintainable` when either is NaN or ±Infinity."""
+    refuse_non_finite(plus)
+    refuse_non_finite(minus)
+    return subtract(plus, minus)

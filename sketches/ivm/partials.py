@@ -16,6 +16,11 @@ carries the weight ``±Π _mult``; the outer query sums per (group, fragments) w
 the aggregate arguments split by the weight's sign, so the argument's own type (and
 PostgreSQL's sum semantics) is kept. That split is exact only when every ``_mult`` is ±1,
 which the query counts itself.
+
+An avg over numeric values of varying scale is also grouped by the values' scale: the
+accumulator counts the values per scale (the scale of PostgreSQL's avg, which its division
+rounds to, is at least the largest of the values present, ``accumulators.SumAcc``), and a
+change of one scale carries it in its sum.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from psycopg import sql
 
 from sketches import deltas
 from sketches.ivm.errors import InconsistentDelta
-from sketches.ivm.numeric import subtract
+from sketches.ivm.numeric import finite_difference
 from sketches.ivm.ops.aggregate import Partial, ValueChange
 from sketches.ivm.plan import PlanSpec, TableSpec
 
 PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg", "min", "max"})
 Conn = psycopg.Connection[Any]
+NUMERIC_OID = 1700
 
 
 def eligible(spec: PlanSpec) -> bool:
@@ -68,10 +74,13 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     Columns: group keys, one fragment id per sketched table, per min/max aggregate its value
     and ``GROUPING`` flag, the row-count change, per count/sum/avg aggregate its partial
     change(s) (sum/avg: sum over positive weights, sum over negative weights, non-NULL count
-    change; count: non-NULL count change), and last the number of joined audit rows whose
-    multiplicity is not ±1. With min/max the rows come from grouping sets: (groups,
+    change, the fixed scale of an avg's ``numeric(p, s)`` argument or NULL; count: non-NULL count
+    change), and last the number of joined audit rows whose multiplicity is not ±1. With
+    min/max the rows come from grouping sets: (groups,
     fragments) rows carry the partials, (groups, value of aggregate i) rows — flag 0 — the
-    value's net multiplicity change in the row-count column."""
+    value's net multiplicity change in the row-count column. An avg argument of type numeric
+    without a fixed scale also splits the (groups, fragments) rows by its values' scale
+    (:func:`_scales`)."""
     positions = range(len(spec.tables))
     terms = [_term(conn, spec, infos, changed)
              for n in range(1, len(spec.tables) + 1)
@@ -79,6 +88,7 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     ng, nf = len(spec.group_sql), len(_sketched(spec))
     gcols = [sql.SQL(f"_g{i}") for i in range(ng)]
     fcols = [sql.SQL(f"_f{i}") for i in range(nf)]
+    scols, fixed = _scales(conn, spec)
     vcols = [sql.SQL(f"_a{i}") for i in _valued(spec)]
     cols: list[sql.Composable] = [*gcols, *fcols, *vcols]
     cols += [sql.SQL("GROUPING({})").format(v) for v in vcols]
@@ -87,23 +97,44 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
         nonnull = sql.SQL(f"coalesce(sum(_w) FILTER (WHERE _a{i} IS NOT NULL), 0)")
         if a.func in ("sum", "avg"):
             cols += [sql.SQL(f"sum(_a{i}) FILTER (WHERE _w > 0)"),
-                     sql.SQL(f"sum(_a{i}) FILTER (WHERE _w < 0)"), nonnull]
+                     sql.SQL(f"sum(_a{i}) FILTER (WHERE _w < 0)"), nonnull,
+                     sql.SQL("{}::int").format(sql.Literal(fixed.get(i)))]
         elif a.func in ("count", "count_star"):
             cols.append(nonnull)
     cols.append(sql.SQL("count(*) FILTER (WHERE _bad)"))
-    sets = [sql.SQL("({})").format(sql.SQL(", ").join([*gcols, *fcols]))]
+    sets = [sql.SQL("({})").format(sql.SQL(", ").join([*gcols, *fcols, *scols]))]
     sets += [sql.SQL("({})").format(sql.SQL(", ").join([*gcols, v])) for v in vcols]
     group: sql.Composable
     if vcols:
         group = sql.SQL(" GROUP BY GROUPING SETS ({})").format(sql.SQL(", ").join(sets))
     else:
-        group = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join([*gcols, *fcols])
-                 if ng + nf else sql.SQL(""))
+        group = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join([*gcols, *fcols, *scols])
+                 if ng + nf + len(scols) else sql.SQL(""))
     text = sql.SQL("SELECT {} FROM ({}) AS _d{}").format(
         sql.SQL(", ").join(cols), sql.SQL(" UNION ALL ").join(terms), group)
     if len(infos) == 1:
         return _reading(conn, infos, text)
     return _reading(conn, infos, text, setup=_join_setup(conn, spec, infos))
+
+
+def _scales(conn: Conn, spec: PlanSpec) -> tuple[list[sql.Composable], dict[int, int]]:
+    """``scale(_ai)`` of each avg argument ``i`` of type numeric without a fixed scale (a
+    sum's scale does not count: compared or added, its value is all the engine uses),
+    and the scale of each of type ``numeric(p, s)`` (all its values have scale ``s``: the
+    accumulator learns from it that the values the state build did not count have it too).
+    The types come from a ``LIMIT 0`` query over the tables. Other types have no scale (int:
+    always 0)."""
+    summed = [i for i, a in enumerate(spec.aggs) if a.func == "avg"]
+    if not summed:
+        return [], {}
+    args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in summed)
+    tables = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
+        sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
+    cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
+    numeric = [(i, col.scale) for i, col in zip(summed, cur.description or [], strict=True)
+               if col.type_code == NUMERIC_OID]
+    return ([sql.SQL(f"scale(_a{i})") for i, s in numeric if s is None],
+            {i: s for i, s in numeric if s is not None})
 
 
 def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable,
@@ -258,7 +289,7 @@ def parse(spec: PlanSpec,
     for a in spec.aggs:
         summed = a.func in ("sum", "avg")
         layout.append((-1, False) if a.func in ("min", "max") else (at, summed))
-        at += 3 if summed else 0 if a.func in ("min", "max") else 1
+        at += 4 if summed else 0 if a.func in ("min", "max") else 1
     out: list[Partial] = []
     values: list[ValueChange] = []
     one = frag_cols[0] if len(frag_cols) == 1 else None
@@ -279,8 +310,11 @@ def parse(spec: PlanSpec,
                     pos = 0
                 if neg is None:
                     neg = 0
-                parts.append((pos - neg if type(pos) is int and type(neg) is int
-                              else subtract(pos, neg), r[c + 2]))
+                change = (pos - neg if type(pos) is int and type(neg) is int
+                          else finite_difference(pos, neg))
+                fixed = r[c + 3]
+                parts.append((change, r[c + 2]) if fixed is None
+                             else (change, r[c + 2], fixed))
             else:
                 parts.append(r[c])
         frags = (((one[0], r[one[1]]),) if one is not None

@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from sortedcontainers import SortedDict
 
 from sketches.ivm import numeric
 from sketches.ivm.codec import Json, decode_value, encode_value
-from sketches.ivm.errors import InconsistentDelta, NotMaintainable
+from sketches.ivm.errors import InconsistentDelta, NotMaintainable, StateFormatError
 
 FUNCTIONS = ("count_star", "count", "sum", "avg", "min", "max")
 
@@ -169,55 +169,180 @@ class CountAcc:
 
 
 class SumAcc:
-    __slots__ = ("total", "nonnull", "avg")
+    """sum/avg of one group. ``total`` and ``nonnull`` as above; for numeric (Decimal) inputs
+    also what decides the *scale* of the result, which PostgreSQL takes from the values in the
+    group now: its sum's display scale is the largest scale of its inputs, and avg's division
+    (:func:`pg_numeric_div`) rounds to at least that scale. A running Decimal sum keeps the
+    finest exponent it ever saw instead (``1 + 1.00 − 1.00`` is ``1.00``, where PostgreSQL's
+    sum of the one value ``1`` is ``1``): avg of ``1, 1, 2`` after such an update compared 20
+    digits of 4/3 with a 17-digit constant, not 16, and its group went missing.
+
+    So ``scales`` counts the non-NULL values per scale — exactly for values added since the
+    state was built, as a *lower bound* for the values the build brought in: a pushed-down
+    partial sum of one (group, fragment) only shows the largest scale among its values, so it
+    counts one value at that scale. The values not counted (``nonnull − Σ scales``) have
+    scales of at most ``loose`` (−1: none). The largest scale present is known when the
+    largest counted one is at least ``loose`` (or ``loose`` is 0, or nothing is uncounted);
+    otherwise :meth:`result` raises :class:`NotMaintainable` (the caller recaptures). Every
+    count stays a lower bound under deletes: a delete at scale ``s`` lowers the count of
+    ``s`` (down to 0: the rest were uncounted values, whose scale is then at most ``loose``).
+    ``shown`` is the scale of ``total``'s Decimal exponent; :meth:`result` requantizes the
+    total (exactly: no value present has more digits) when it differs.
+
+    A NaN or ±Infinity entering or leaving the sum is refused (:mod:`sketches.ivm.numeric`).
+    """
+
+    __slots__ = ("total", "nonnull", "avg", "scales", "loose", "shown")
     total: Any
     nonnull: int
     avg: bool
+    scales: dict[int, int] | None
+    loose: int
+    shown: int
 
     def __init__(self, avg: bool = False) -> None:
         self.total: Any = 0
         self.nonnull = 0
         self.avg = avg
+        self.scales = None     # None: no Decimal input (int and float sums have no scale)
+        self.loose = -1
+        self.shown = 0
 
     def add(self, value: object, weight: int) -> None:
         if value is None:
             return
+        if type(value) is Decimal:
+            self._count_scale(numeric.scale(value), weight)
+        elif type(value) is float:
+            numeric.refuse_non_finite(value)
         self.total = numeric.add(self.total, numeric.multiply(value, weight))
         self.nonnull += weight
         if self.nonnull < 0:
             raise InconsistentDelta("sum: non-NULL count below zero")
         if self.nonnull == 0:
-            self.total = 0   # drops float residue and Decimal exponent drift of an empty group
+            self._clear()
 
     def absorb(self, part: Any) -> None:
-        """Adds a pre-aggregated change ``(sum change, non-NULL count change)``. (Two ints,
-        the common case, are added here: ``numeric.add`` is a call more per group.)"""
-        total, nonnull = part
+        """Adds a pre-aggregated change ``(sum change, non-NULL count change)`` of values of
+        one scale (``partials.query`` groups by it where it varies; the sum change has it),
+        or ``(sum change, count change, s)`` when every value of the argument has scale ``s``
+        (type ``numeric(p, s)``). (Two ints, the common case, are added here:
+        ``numeric.add`` is a call more per group.)"""
+        total, nonnull = part[0], part[1]
         mine = self.total
-        self.total = (mine + total if type(mine) is int and type(total) is int
-                      else numeric.add(mine, total))
+        if type(mine) is int and type(total) is int:
+            self.total = mine + total
+        else:
+            if type(total) is Decimal:
+                self._count_scale(numeric.scale(total), nonnull)
+            elif type(total) is float:
+                numeric.refuse_non_finite(total)
+            self.total = numeric.add(mine, total)
         nonnull += self.nonnull
         self.nonnull = nonnull
         if nonnull <= 0:
             if nonnull < 0:
                 raise InconsistentDelta("sum: non-NULL count below zero")
-            self.total = 0
+            self._clear()
+        elif len(part) > 2 and self.loose >= 0:
+            self.scales = {part[2]: nonnull}   # every value counted: all have that scale
+            self.loose = -1
+
+    def load_partial(self, total: Any, nonnull: int) -> None:
+        """Adds one partial of the state build: the sum and the non-NULL count of the values
+        of one (group, fragment), computed by PostgreSQL (its sum has the largest scale of
+        those values: one value is counted at it, the others are uncounted)."""
+        if not nonnull:
+            return
+        if type(total) is Decimal:
+            s = numeric.scale(total)
+            self._count_scale(s, 1)
+            if nonnull > 1 and s > self.loose:
+                self.loose = s
+        else:
+            numeric.refuse_non_finite(total)
+        self.total = numeric.add(self.total, total)
+        self.nonnull += int(nonnull)
+
+    def _count_scale(self, s: int, change: int) -> None:
+        """``change`` values of scale ``s`` enter (> 0) or leave (< 0) the group."""
+        scales = self.scales
+        if scales is None:
+            scales = self.scales = {}
+        if s > self.shown:
+            self.shown = s
+        if not change:
+            return
+        c = scales.get(s, 0) + change
+        if c > 0:
+            scales[s] = c
+        elif s in scales:
+            del scales[s]
+
+    def _clear(self) -> None:
+        """An emptied group: drops float residue and every scale."""
+        self.total = 0
+        self.scales = None
+        self.loose = -1
+        self.shown = 0
+
+    def _scale(self) -> int:
+        """The largest scale of the values present (see the class docstring)."""
+        scales = self.scales
+        assert scales is not None
+        top = max(scales) if scales else 0
+        loose = self.loose
+        if top >= loose:
+            return top
+        if sum(scales.values()) == self.nonnull:   # every value counted
+            self.loose = -1
+            return top
+        raise NotMaintainable(f"sum/avg: the scale of a numeric group is unknown (at least"
+                              f" {top}, at most {loose}) after deletes")
+
+    def _shown_total(self) -> Decimal:
+        """``total`` with the exponent PostgreSQL's sum of the values present has."""
+        s = self._scale()
+        if s != self.shown:
+            self.total = numeric.EXACT.quantize(self.total, _QUANTUM[s] if s < 80
+                                                else Decimal(1).scaleb(-s))
+            self.shown = s
+        return cast(Decimal, self.total)
 
     def result(self) -> object:
         if self.nonnull == 0:
             return None
-        if not self.avg:
+        if not self.avg:   # compared or added, a sum's value is all that counts
             return self.total
-        if isinstance(self.total, float):
-            return self.total / self.nonnull
-        return pg_numeric_div(self.total, self.nonnull)
+        total = self.total if self.scales is None else self._shown_total()
+        if isinstance(total, float):
+            return total / self.nonnull
+        return pg_numeric_div(total, self.nonnull)
 
     def snapshot(self) -> Json:
-        return [encode_value(self.total), self.nonnull]
+        data = [encode_value(self.total), self.nonnull]
+        if self.scales is not None:
+            data += [sorted(self.scales.items()), self.loose, self.shown]
+        return data
 
     def restore(self, data: Json) -> None:
+        """Restores a :meth:`snapshot`; one of before the scales were kept (two items) counts
+        no value and bounds them all by the total's scale (its finest exponent)."""
         self.total = decode_value(data[0])
         self.nonnull = int(data[1])
+        self.scales, self.loose, self.shown = None, -1, 0
+        if len(data) > 2:
+            self.scales = {int(s): int(c) for s, c in data[2]}
+            self.loose, self.shown = int(data[3]), int(data[4])
+        elif type(self.total) is Decimal and self.nonnull:
+            if not self.total.is_finite():
+                raise StateFormatError(f"sum state {self.total!r} is not finite")
+            self.scales = {}
+            self.loose = self.shown = numeric.scale(self.total)
+
+
+_QUANTUM: tuple[Decimal, ...] = tuple(Decimal(1).scaleb(-s) for s in range(80))
+"""``1E-s``: the exponent a total of scale ``s`` is quantized to."""
 
 
 def _check_orderable(value: object) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from operator import itemgetter, methodcaller
 from typing import Any, cast
 
-from sketches.ivm import numeric
 from sketches.ivm.codec import Json, decode_row, encode_row
 from sketches.ivm.errors import BufferExhausted, InconsistentDelta, NotMaintainable
 from sketches.ivm.expr import Expr
@@ -438,10 +437,7 @@ class Aggregate(Operator):
         st.add_frags(((s, f) for s, f in enumerate(frags) if f is not None), count)
         for acc, part in zip(st.accs, partials, strict=True):
             if isinstance(acc, SumAcc):
-                total, nonnull = cast(tuple[Any, int], part)
-                if nonnull:
-                    acc.total = numeric.add(acc.total, total)
-                    acc.nonnull += int(nonnull)
+                acc.load_partial(*cast(tuple[Any, int], part))
             else:
                 acc.nonnull += int(cast(int, part))
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sketches.ivm import numeric
-from sketches.ivm.ops.accumulators import SumAcc
+from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.ops.accumulators import SumAcc, pg_numeric_div
 
 wide = st.one_of(st.integers(-10**40, 10**40),
                  st.decimals(-10**30, 10**30, places=12, allow_nan=False, allow_infinity=False))
@@ -42,3 +44,79 @@ def test_running_sum_is_exact(changes: list[tuple[int | Decimal, int]]) -> None:
         want = Fraction(value) * weight + want if count else Fraction(0)
         for acc in (added, absorbed):
             assert acc.nonnull == count and Fraction(acc.total) == want
+
+
+scaled = st.builds(lambda n, s: Decimal(n).scaleb(-s), st.integers(-999, 999), st.integers(0, 20))
+
+
+def _pg_sum(values: list[Decimal]) -> Decimal:
+    """PostgreSQL's sum: exact, with the largest scale of the values (as Python's exact
+    addition keeps the finest exponent)."""
+    total = Decimal(0)
+    for v in values:
+        total = numeric.add(total, v)
+    return total
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(scaled, min_size=1, max_size=4), min_size=1, max_size=3),
+       st.lists(st.tuples(st.booleans(), scaled, st.integers(0, 30)), max_size=10),
+       st.booleans(), st.booleans())
+def test_sum_and_avg_have_the_scale_of_the_values_present(
+        fragments: list[list[Decimal]], changes: list[tuple[bool, Decimal, int]],
+        avg: bool, absorbed: bool) -> None:
+    """A state built from per-fragment partial sums (``load_partial``), then values inserted
+    and deleted one by one (``add`` or ``absorb``): a sum has PostgreSQL's value (compared
+    and added, its scale does not count, and it never refuses), an avg its value *and
+    scale*, which its division rounds to (a running sum kept the scale of a deleted value:
+    avg of 1, 1, 2 after ``1 → 1.00000000000000000000 → 1`` was 1.33333333333333333333,
+    PostgreSQL's 1.3333333333333333) — or, when the state cannot know the largest scale
+    present (values of the build were not counted one by one), it refuses."""
+    acc, present = SumAcc(avg=avg), []
+    for part in fragments:
+        acc.load_partial(_pg_sum(part), len(part))
+        present += part
+    for insert, value, pick in changes:
+        if not insert:
+            if not present:
+                continue
+            value = present.pop(pick % len(present))
+        else:
+            present.append(value)
+        weight = 1 if insert else -1
+        if absorbed:
+            acc.absorb((numeric.multiply(value, weight), weight))
+        else:
+            acc.add(value, weight)
+        want = None
+        if present:
+            total = _pg_sum(present)
+            want = pg_numeric_div(total, len(present)) if avg else total
+        try:
+            got = acc.result()
+        except NotMaintainable:
+            assert avg, "a sum's value needs no scale"
+            continue
+        assert str(got) == str(want) if avg else got == want
+
+
+def test_a_fixed_scale_counts_the_values_the_build_did_not() -> None:
+    """``numeric(p, s)``: every value has scale ``s``; a delete leaving no counted value no
+    longer makes the scale unknown (it refused: a recapture per group and delete)."""
+    acc = SumAcc(avg=True)
+    acc.load_partial(Decimal("6.00"), 3)
+    acc.absorb((Decimal("-2.00"), -1, 2))
+    assert str(acc.result()) == "2.0000000000000000"
+
+
+@pytest.mark.parametrize("value", [Decimal("NaN"), Decimal("Infinity"), Decimal("-Infinity"),
+                                   float("nan"), float("inf")])
+def test_a_non_finite_value_is_refused(value: object) -> None:
+    """PostgreSQL counts NaN and ±Infinity apart from the finite sum; a running sum kept NaN
+    after the NaN row was deleted (NaN − NaN): refused wherever one enters or leaves."""
+    for enter in (lambda a: a.add(value, 1), lambda a: a.absorb((value, 1)),
+                  lambda a: a.load_partial(value, 1)):
+        with pytest.raises(NotMaintainable):
+            enter(SumAcc())
+    with pytest.raises(NotMaintainable):
+        numeric.finite_difference(Decimal(1), value)

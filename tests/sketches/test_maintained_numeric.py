@@ -1,0 +1,77 @@
+"""Maintained sketches of sum/avg over numeric values whose scale or finiteness changes: the
+maintained sketch against PostgreSQL after every write (``check``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from sketches.manager import SketchManager, SketchSettings
+from tests.sketches.test_manager_ivm import analyze_and_track, check, db, entry_of
+
+__all__ = ["db"]   # the module fixture, used through its name
+
+AVG_QUERY = ("SELECT g, count(*) FROM nm_avg GROUP BY g"
+             " HAVING avg(w) < 1.33333333333333333")
+"""avg of group 7's 1, 1, 2, … is 4/3: PostgreSQL prints 16 digits of it (passes) when the
+largest scale present is 0, 20 digits (fails) when a value of scale 20 is present."""
+
+
+def _run(db: str, table: str, ddl: str, fill: str, query: str,
+         writes: Sequence[str]) -> dict[str, object]:
+    """Creates ``table``, checks ``query``'s maintained sketch after each of ``writes`` and
+    returns its catalog entry."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(f"DROP TABLE IF EXISTS {table}")
+        c.execute(f"CREATE TABLE {table} ({ddl})")
+        c.execute(fill)
+        analyze_and_track(c, table)
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            p = check(m, c, query, None)
+            for write in writes:
+                c.execute(write)
+                p = check(m, c, query, None)
+            return entry_of(m, p.sketch_id)
+        finally:
+            m.close()
+
+
+def _avg_table(db: str, seven: str, writes: Sequence[str]) -> dict[str, object]:
+    """``nm_avg``: 40 groups of 90 rows, group 7 of values 1 and 2 (one in three) but row 47
+    of value ``seven``; the other groups of 5."""
+    return _run(db, "nm_avg", "id serial PRIMARY KEY, g int, w numeric",
+                "INSERT INTO nm_avg (g, w) SELECT i % 40, CASE WHEN i = 47 THEN " + seven
+                + " WHEN i % 40 = 7 THEN (CASE WHEN i % 120 = 7 THEN 2 ELSE 1 END)"
+                " ELSE 5 END FROM generate_series(1, 3600) i", AVG_QUERY, writes)
+
+
+def test_avg_has_the_scale_of_the_values_present(db: str) -> None:
+    """A value of scale 20 written and overwritten: the running sum kept scale 20 and the
+    average its 20 digits, 0 rows instead of 1. Maintained, not recaptured: the value of
+    scale 20 was counted when it came."""
+    entry = _avg_table(db, "1", ["UPDATE nm_avg SET w = 1.00000000000000000000 WHERE id = 47",
+                                 "UPDATE nm_avg SET w = 1 WHERE id = 47"])
+    assert entry["captures"] == 1 and entry["maintenances"] == 2
+
+
+def test_a_scale_the_state_cannot_know_recaptures(db: str) -> None:
+    """The value of scale 20 was there at the capture: the state build saw its group's
+    largest scale, not how many values had it, so once it is deleted the scale of the rest
+    is unknown: recaptured (was maintained with scale 20 kept: 0 rows instead of 1)."""
+    entry = _avg_table(db, "1.00000000000000000000", ["DELETE FROM nm_avg WHERE id = 47"])
+    assert entry["captures"] == 1 and entry["maintenances"] == 0   # a new sketch's entry
+
+
+def test_a_deleted_nan_leaves_the_sum(db: str) -> None:
+    """PostgreSQL counts NaN (and ±Infinity) apart from the finite sum; the running sum kept
+    NaN after the NaN row was deleted (NaN − NaN): 0 rows instead of 1 once the group's
+    finite sum reached 101. Refused, recaptured: the answer is PostgreSQL's."""
+    _run(db, "nm_nan", "id serial PRIMARY KEY, g int, w numeric",
+         "INSERT INTO nm_nan (g, w) SELECT i % 40, 1 FROM generate_series(1, 4000) i",
+         "SELECT g, count(*) FROM nm_nan GROUP BY g HAVING sum(w) = 101",
+         ["INSERT INTO nm_nan (g, w) VALUES (3, 'NaN')",
+          "DELETE FROM nm_nan WHERE w = 'NaN'",
+          "INSERT INTO nm_nan (g, w) VALUES (3, 1)"])
+
