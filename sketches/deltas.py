@@ -45,6 +45,13 @@ class SnapshotRequired(DeltaError):
     """The connection is not inside a REPEATABLE READ / SERIALIZABLE transaction."""
 
 
+class RoundedFloats(DeltaError):
+    """The session's ``extra_float_digits`` is 0 or less: PostgreSQL prints float values
+    rounded to 15 digits, which the engine would read as other numbers (found: rows of
+    ``0.1 + 0.2`` read as ``0.3`` and counted in ``x > 0.3``'s group where PostgreSQL keeps
+    them out: a maintained sketch missed them)."""
+
+
 class OwnWrites(DeltaError):
     """The current transaction itself wrote audit rows of the table: its changes are not
     committed, so no sketch version can include them (DESIGN §5: pass the query through)."""
@@ -103,14 +110,23 @@ def require_snapshot(conn: psycopg.Connection[Any]) -> str:
     """The current transaction's snapshot; raises :class:`SnapshotRequired` if statements of
     this transaction may see different snapshots."""
     row = conn.execute("SELECT pg_current_snapshot()::text,"
-                       " current_setting('transaction_isolation')").fetchone()
+                       " current_setting('transaction_isolation'), " + _EXACT_FLOATS).fetchone()
     assert row is not None
     # checked after the statement: psycopg opens its transaction lazily, on the first one
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         raise SnapshotRequired("deltas must be read inside an open transaction")
-    if row[1] not in ("repeatable read", "serializable"):
-        raise SnapshotRequired(f"isolation level {row[1]!r}: needs REPEATABLE READ")
+    _check_session(row[1], row[2])
     return str(row[0])
+
+
+_EXACT_FLOATS = "current_setting('extra_float_digits')::int > 0"
+
+
+def _check_session(iso: str, exact_floats: bool) -> None:
+    if iso not in ("repeatable read", "serializable"):
+        raise SnapshotRequired(f"isolation level {iso!r}: needs REPEATABLE READ")
+    if not exact_floats:
+        raise RoundedFloats("extra_float_digits is 0 or less: floats are read rounded")
 
 
 def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
@@ -144,7 +160,7 @@ class Probe:
 
 
 _PROBE = sql.SQL(
-    "SELECT s.snap, s.iso, s.has_xid, t.relid::bigint,"
+    "SELECT s.snap, s.iso, s.has_xid, s.exact_floats, t.relid::bigint,"
     " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     "  WHERE c.oid = t.audit_table), t.epoch,"
@@ -152,7 +168,8 @@ _PROBE = sql.SQL(
     " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
-    " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid) AS s"
+    " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid,"
+    " current_setting('extra_float_digits')::int > 0 AS exact_floats) AS s"
     " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY({relids}::bigint[])")
 
 _AUDITS_VISIBLE = sql.SQL(
@@ -190,11 +207,10 @@ def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
 def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> Probe:
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         raise SnapshotRequired("deltas must be read inside an open transaction")
-    snap, iso, has_xid = rows[0][:3]
-    if iso not in ("repeatable read", "serializable"):
-        raise SnapshotRequired(f"isolation level {iso!r}: needs REPEATABLE READ")
-    tables = {int(r[3]): TableInfo(int(r[3]), str(r[4]), int(r[5]), bool(r[6]))
-              for r in rows if r[3] is not None}
+    snap, iso, has_xid, exact_floats = rows[0][:4]
+    _check_session(iso, exact_floats)
+    tables = {int(r[4]): TableInfo(int(r[4]), str(r[5]), int(r[6]), bool(r[7]))
+              for r in rows if r[4] is not None}
     return Probe(str(snap), bool(has_xid), tables)
 
 

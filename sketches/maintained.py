@@ -199,6 +199,8 @@ class IncrementalMaintenance:
         except NotMaintainable as exc:  # refused on the data (e.g. text ordering, collation)
             entry.ivm_off = str(exc)
             return False
+        except deltas.RoundedFloats:   # this session's; another's may build the state
+            return False
         except ENGINE_BUGS as exc:
             self._engine_bug(entry, exc)
             return False
@@ -256,6 +258,8 @@ class IncrementalMaintenance:
             return "the sketch's state is newer than the query's snapshot"
         except deltas.OwnWrites:
             return "the transaction wrote to a table of the query"
+        except deltas.RoundedFloats as exc:
+            return str(exc)
         except ENGINE_BUGS as exc:
             self._engine_bug(entry, exc)
             return None

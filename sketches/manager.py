@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from sketches import catalog, freshness, incremental, lookup
+from sketches import catalog, deltas, freshness, incremental, lookup
 from sketches.answers import Answer, Answers, Key, answer_key, query_key, template_state
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
@@ -628,6 +628,8 @@ class SketchManager(IncrementalMaintenance):
                     conn, self._seed(conn, analysis, targets, params, pipeline))
             except NotMaintainable as exc:  # refused on the data (e.g. text ordering)
                 entry.ivm_off = str(exc)
+                pipeline = None
+            except deltas.RoundedFloats:   # this session's: captured plainly
                 pipeline = None
             except ENGINE_BUGS as exc:
                 self._engine_bug(entry, exc)

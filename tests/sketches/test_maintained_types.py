@@ -161,3 +161,42 @@ def test_blank_padded_keys_ignore_trailing_blanks(db: str, ddl: str, fill: str, 
     instead of 2. Such keys are now read without their trailing blanks, and maintained."""
     entry = _run(db, {"mt_bp": ddl}, [fill], q, None, [write])
     assert _maintained(entry), entry
+
+
+@pytest.mark.parametrize("captured_rounded", [False, True], ids=["after", "from-capture"])
+@pytest.mark.parametrize("q", [
+    "SELECT x, count(*) FROM fr GROUP BY x HAVING x > 0.3",
+    "SELECT g, count(*) FROM fr GROUP BY g HAVING NOT (max(x) <= 0.3)",
+])
+def test_a_session_that_prints_floats_rounded(db: str, q: str, captured_rounded: bool) -> None:
+    """Under ``extra_float_digits = 0`` PostgreSQL prints ``0.1 + 0.2`` as ``0.3``, and the
+    engine read those rows into the groups of ``x > 0.3`` they are not in (found: the
+    maintained sketch missed their group, 0 rows instead of 1 and 5). Such a session
+    captures without a state, and its queries of a maintained sketch pass through; one with
+    the default setting maintains the sketch again."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS fr")
+        c.execute("CREATE TABLE fr (id serial PRIMARY KEY, g int, x float8)")
+        c.execute("INSERT INTO fr (g, x) SELECT i % 40, -(i % 40) FROM generate_series(1, 4000) i")
+        analyze_and_track(c, "fr")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            if captured_rounded:
+                c.execute("SET extra_float_digits = 0")
+            check(m, c, q, None)
+            c.execute("SET extra_float_digits = 0")
+            c.execute("INSERT INTO fr (g, x) SELECT 1000 + i, 0.1::float8 + 0.2::float8"
+                      " FROM generate_series(1, 5) i")
+            rounded = check(m, c, q, None)
+            if captured_rounded:   # no state was built: captured again
+                assert rounded.decision == "capture", rounded
+            else:
+                assert rounded.decision == "passthrough" and "extra_float_digits" in str(
+                    rounded.reason), rounded
+            c.execute("RESET extra_float_digits")
+            c.execute("INSERT INTO fr (g, x) VALUES (2000, 0.3)")
+            p = check(m, c, q, None)
+            if not captured_rounded:
+                assert p.decision == "use" and entry_of(m, p.sketch_id)["maintenances"] >= 1
+        finally:
+            m.close()
