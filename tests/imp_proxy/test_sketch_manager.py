@@ -323,14 +323,7 @@ def test_a_cancel_during_the_wrapping_cancels_the_query(
     lock another session holds, and the client cancels: through the proxy as directly,
     PostgreSQL's own ``57014`` while the lock is still held, and the session (and a prepared
     statement) works on."""
-    dsn = fresh_db()
-    q = "SELECT g, sum(v) FROM cx GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
-    with psycopg.connect(dsn, autocommit=True) as d:
-        d.execute("CREATE TABLE cx (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
-        d.execute("INSERT INTO cx SELECT i, i % 100, (i * 37) % 1000"
-                  " FROM generate_series(1, 20000) i")
-        d.execute("ANALYZE cx")
-        want = d.execute(q).fetchall()
+    dsn, q, want = _cancel_db(fresh_db, "cx")
     for target in (dsn, via_proxy(dsn, library_proxy.port)):
         with psycopg.connect(dsn) as locker, psycopg.connect(target, autocommit=True) as c:
             c.execute("IMP DROP ALL SKETCHES" if target != dsn else "SELECT 1")
@@ -363,14 +356,7 @@ def test_a_cancel_reaches_a_query_waiting_for_another_capture_of_its_template(
     effect only when the lock went (no cancel of PostgreSQL reaches a wait in Python). Now it
     gets PostgreSQL's ``57014`` while the lock is still held, and the first its rows once the
     lock goes."""
-    dsn = fresh_db()
-    q = "SELECT g, sum(v) FROM cw GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
-    with psycopg.connect(dsn, autocommit=True) as d:
-        d.execute("CREATE TABLE cw (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
-        d.execute("INSERT INTO cw SELECT i, i % 100, (i * 37) % 1000"
-                  " FROM generate_series(1, 20000) i")
-        d.execute("ANALYZE cw")
-        want = d.execute(q).fetchall()
+    dsn, q, want = _cancel_db(fresh_db, "cw")
     proxied = via_proxy(dsn, library_proxy.port)
     first: list[object] = []
     with psycopg.connect(dsn) as locker, psycopg.connect(proxied, autocommit=True) as a, \
@@ -396,6 +382,19 @@ def test_a_cancel_reaches_a_query_waiting_for_another_capture_of_its_template(
         assert info.value.diag.message_primary == "canceling statement due to user request"
         assert first == [want]
         assert b.execute(q).fetchall() == want
+
+
+def _cancel_db(fresh_db: Callable[[], str], table: str) -> tuple[str, str, list[Any]]:
+    """A fresh database with ``table`` (20,000 rows), the cancel tests' HAVING query over it
+    and its rows."""
+    dsn = fresh_db()
+    q = f"SELECT g, sum(v) FROM {table} GROUP BY g HAVING sum(v) > 104000 ORDER BY g"
+    with psycopg.connect(dsn, autocommit=True) as d:
+        d.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute(f"INSERT INTO {table} SELECT i, i % 100, (i * 37) % 1000"
+                  " FROM generate_series(1, 20000) i")
+        d.execute(f"ANALYZE {table}")
+        return dsn, q, d.execute(q).fetchall()
 
 
 LOCK_HELD = 20.0

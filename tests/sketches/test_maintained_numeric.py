@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import psycopg
-
-from sketches.manager import SketchManager, SketchSettings
-from tests.sketches.test_manager_ivm import analyze_and_track, check, db, entry_of
+from tests.sketches.test_maintained_types import run_checked
+from tests.sketches.test_manager_ivm import db
 
 __all__ = ["db"]   # the module fixture, used through its name
 
@@ -20,22 +18,8 @@ largest scale present is 0, 20 digits (fails) when a value of scale 20 is presen
 
 def _run(db: str, table: str, ddl: str, fill: str, query: str,
          writes: Sequence[str]) -> dict[str, object]:
-    """Creates ``table``, checks ``query``'s maintained sketch after each of ``writes`` and
-    returns its catalog entry."""
-    with psycopg.connect(db, autocommit=True) as c:
-        c.execute(f"DROP TABLE IF EXISTS {table}")
-        c.execute(f"CREATE TABLE {table} ({ddl})")
-        c.execute(fill)
-        analyze_and_track(c, table)
-        m = SketchManager(SketchSettings(fragments=10))
-        try:
-            p = check(m, c, query, None)
-            for write in writes:
-                c.execute(write)
-                p = check(m, c, query, None)
-            return entry_of(m, p.sketch_id)
-        finally:
-            m.close()
+    """``query``'s maintained sketch checked after each of ``writes`` to ``table``."""
+    return run_checked(db, {table: ddl}, [fill], query, None, writes, each=True)
 
 
 def _avg_table(db: str, seven: str, writes: Sequence[str]) -> dict[str, object]:

@@ -12,15 +12,17 @@ import psycopg
 import pytest
 
 from sketches.manager import SketchManager, SketchSettings
-from tests.sketches.test_manager_ivm import analyze_and_track, check, db, entry_of
+from tests.sketches.test_manager_ivm import analyze_and_track, check, db, entry_of, fresh_table
 
 __all__ = ["db"]   # the module-scoped fixture, shared with test_manager_ivm
 
 
-def _run(dsn: str, ddl: dict[str, str], fill: Sequence[str], q: str,
-         params: tuple[object, ...] | None, writes: Sequence[str]) -> dict[str, object]:
+def run_checked(dsn: str, ddl: dict[str, str], fill: Sequence[str], q: str,
+                params: tuple[object, ...] | None, writes: Sequence[str],
+                each: bool = False) -> dict[str, object]:
     """Creates and fills the tables ``ddl`` (name → columns), checks ``q`` with the oracle
-    before and after ``writes``; returns the sketch's catalog entry."""
+    before and after ``writes`` (``each``: after each one); returns the sketch's catalog
+    entry."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(f"DROP TABLE IF EXISTS {', '.join(ddl)}")
         for name, cols in ddl.items():
@@ -31,10 +33,13 @@ def _run(dsn: str, ddl: dict[str, str], fill: Sequence[str], q: str,
             analyze_and_track(c, name)
         m = SketchManager(SketchSettings(fragments=10))
         try:
-            check(m, c, q, params)
+            p = check(m, c, q, params)
             for write in writes:
                 c.execute(write)
-            p = check(m, c, q, params)
+                if each:
+                    p = check(m, c, q, params)
+            if not each or not writes:
+                p = check(m, c, q, params)
             return entry_of(m, p.sketch_id)
         finally:
             m.close()
@@ -60,7 +65,7 @@ def test_a_key_equal_to_a_parameter_of_another_datetime_kind(db: str, ktype: str
     count(*) > 100`` lacked their group: 0 rows instead of 1. Such a comparison is refused
     when the plan is compiled: the sketch recaptures."""
     step = "interval '1 day'" if ktype != "time" else "interval '1 minute'"
-    entry = _run(
+    entry = run_checked(
         db, {"mt_dt": f"id serial PRIMARY KEY, g int, d {ktype}"},
         [f"INSERT INTO mt_dt (g, d) SELECT i % 40, {kval}::{ktype} + (i % 40 + 10) * {step}"
          " FROM generate_series(1, 4000) i"],
@@ -73,7 +78,7 @@ def test_an_aggregate_equal_to_a_parameter_of_another_datetime_kind(db: str) -> 
     """The same for an aggregate (whose type the plan does not look at): ``max(d) = $1`` with
     a date ``d`` and a timestamp parameter (found: 0 rows instead of 1) is refused when
     evaluated, and the sketch recaptures."""
-    entry = _run(
+    entry = run_checked(
         db, {"mt_dtm": "id serial PRIMARY KEY, g int, d date"},
         ["INSERT INTO mt_dtm (g, d) SELECT i % 40, date '2020-01-01' + i % 40"
          " FROM generate_series(1, 4000) i"],
@@ -97,7 +102,7 @@ def test_a_group_by_expression_is_a_leaf_only_where_it_is_a_whole_operand(db: st
     (the top-k by ``a + 1 * -1`` kept the smallest ``a`` instead of the largest; ``3 - a + 1``
     became ``3 - (a + 1)``, ``-a + 1`` became ``-(a + 1)``: 0 rows instead of 1). Read by
     precedence, the expression is maintained."""
-    entry = _run(
+    entry = run_checked(
         db, {"mt_prec": "id serial PRIMARY KEY, a int, v int"},
         ["INSERT INTO mt_prec (a, v) SELECT i % 1000, 1 FROM generate_series(1, 8000) i"], q,
         None, ["INSERT INTO mt_prec (a, v) SELECT 3000 + i % 99, 1 FROM generate_series(1, 99) i"])
@@ -113,7 +118,7 @@ def test_real_values_compare_as_postgresql_widens_them(db: str, q: str) -> None:
     the real as its shortest text ``0.1``, loaded as the double nearest 0.1. Found: after
     rows with ``x = 0.1`` were inserted, the maintained sketch lacked their group: 0 rows
     instead of 5 (resp. 1). Reals are now read widened to float8, and stay maintained."""
-    entry = _run(
+    entry = run_checked(
         db, {"mt_real": "id serial PRIMARY KEY, g int, x real"},
         ["INSERT INTO mt_real (g, x) SELECT i % 40, -(i % 40) FROM generate_series(1, 4000) i"],
         q, None,
@@ -126,7 +131,7 @@ def test_real_join_keys_are_looked_up_as_read(db: str) -> None:
     in PostgreSQL by the key values read: ``y IN (0.1)`` never matched the real 0.1 (widened,
     it is 0.100000001490116…). Found: the row joined on 0.1 never entered the maintained
     top-k: 2 rows instead of 3."""
-    entry = _run(
+    entry = run_checked(
         db, {"mt_ra": "id serial PRIMARY KEY, x real, v int",
              "mt_rb": "id serial PRIMARY KEY, y real, w int"},
         ["INSERT INTO mt_ra (x, v) SELECT i % 50 + 1, i FROM generate_series(1, 2000) i",
@@ -159,7 +164,7 @@ def test_blank_padded_keys_ignore_trailing_blanks(db: str, ddl: str, fill: str, 
     of ``HAVING count(*) > 100`` lacked the group of 101 rows (0 rows instead of 1), and the
     DISTINCT top-2 counted ``'k39 '`` as a second row, leaving out the true second: 1 row
     instead of 2. Such keys are now read without their trailing blanks, and maintained."""
-    entry = _run(db, {"mt_bp": ddl}, [fill], q, None, [write])
+    entry = run_checked(db, {"mt_bp": ddl}, [fill], q, None, [write])
     assert _maintained(entry), entry
 
 
@@ -175,10 +180,8 @@ def test_a_session_that_prints_floats_rounded(db: str, q: str, captured_rounded:
     captures without a state, and its queries of a maintained sketch pass through; one with
     the default setting maintains the sketch again."""
     with psycopg.connect(db, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS fr")
-        c.execute("CREATE TABLE fr (id serial PRIMARY KEY, g int, x float8)")
-        c.execute("INSERT INTO fr (g, x) SELECT i % 40, -(i % 40) FROM generate_series(1, 4000) i")
-        analyze_and_track(c, "fr")
+        fresh_table(c, "fr", "id serial PRIMARY KEY, g int, x float8",
+                    "(g, x) SELECT i % 40, -(i % 40) FROM generate_series(1, 4000) i")
         m = SketchManager(SketchSettings(fragments=10))
         try:
             if captured_rounded:

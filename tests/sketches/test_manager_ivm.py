@@ -137,6 +137,16 @@ def analyze_and_track(conn: Conn, table: str) -> None:
     conn.execute("SELECT imp.track_table(%s::regclass)", (table,))
 
 
+def fresh_table(conn: Conn, name: str, columns: str, rows: str) -> None:
+    """``name`` (re)created with ``columns``, filled by ``INSERT INTO name rows``, analysed
+    and tracked."""
+    conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
+    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(pgsql.Identifier(name),
+                                                          pgsql.SQL(columns)))
+    conn.execute(pgsql.SQL("INSERT INTO {} {}").format(pgsql.Identifier(name), pgsql.SQL(rows)))
+    analyze_and_track(conn, name)
+
+
 def entry_of(m: SketchManager, sketch_id: int | None) -> dict[str, object]:
     rows = [r for r in m.sketches() if r["sketch_id"] == sketch_id]
     assert len(rows) == 1
@@ -476,10 +486,8 @@ def test_a_float_parameter_means_in_maintenance_what_it_means_in_the_query(db: s
     written, the maintained sketch of ``HAVING count(*) < 120`` lost their group: 0 rows
     instead of 1."""
     with psycopg.connect(db, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS fp")
-        c.execute("CREATE TABLE fp (id serial PRIMARY KEY, g int, s text)")
-        c.execute("INSERT INTO fp (g, s) SELECT i % 40, 'x' FROM generate_series(1, 5200) i")
-        analyze_and_track(c, "fp")
+        fresh_table(c, "fp", "id serial PRIMARY KEY, g int, s text",
+                    "(g, s) SELECT i % 40, 'x' FROM generate_series(1, 5200) i")
         m = SketchManager(SketchSettings(fragments=10))
         q = "SELECT g, count(*) FROM fp WHERE s <> $1::text GROUP BY g HAVING count(*) < 120"
         try:
