@@ -144,24 +144,23 @@ _TEXT_INT = {20, 21, 23}   # not oid: PostgreSQL reads "-1" as 4294967295
 _BINARY = {21: INT16, 23: INT32, 20: INT64, 701: FLOAT8}
 
 
-_INTS = frozenset({20, 21, 23})
+_TYPED = frozenset({16, 20, 21, 23, 701, 1700})
+"""Types decoded to Python values (bool, the integers, float8, numeric) that the library's
+own statements bind with psycopg's type for them or inline with their type: they mean there
+what they mean in the client's query."""
 _TEXTS = frozenset({25, 1043})   # text, varchar (varchar has text's operators)
-_NUMERIC, _FLOAT8 = 1700, 701
 
 
 def same_meaning(declared: int, inferred: int) -> bool:
     """Does the client's parameter of type ``declared`` mean in its query what the decoded
-    value means where PostgreSQL infers ``inferred``? The library's own statements (the
-    capture, the delta reads, a restarted manager's) bind an integer, numeric, float or
-    boolean value with psycopg's type for it, inline it, or leave other values to be read as
-    the type PostgreSQL infers there. An integer meets an integer, numeric or float8 operand
-    as that type either way. Found, where they differ: a ``text`` parameter compared with a
-    ``char(3)`` column as text (``'ab' <> 'ab '``) but captured as ``bpchar`` (blanks
-    ignored); a ``timestamptz`` read as a ``timestamp`` (its offset dropped), a ``timestamp``
-    as a ``date``; a numeric ``2`` divided ``v / $1`` as numeric but maintained as the
-    integer the query infers (a group missing in each)."""
-    return (declared == inferred
-            or (declared in _INTS and (inferred in _INTS or inferred in (_NUMERIC, _FLOAT8)))
+    value means in the library's own statements (the capture, the delta reads, a restarted
+    manager's), where PostgreSQL infers ``inferred`` for it? A value of :data:`_TYPED` keeps
+    its type there; any other is left to be read as the type PostgreSQL infers. Found, where
+    that is another type: a ``text`` parameter compared with a ``char(3)`` column as text
+    (``'ab' <> 'ab '``) but captured as ``bpchar`` (blanks ignored); a ``timestamptz`` read
+    as a ``timestamp`` (its offset dropped), a ``timestamp`` as a ``date`` (a group missing
+    in each)."""
+    return (declared in _TYPED or declared == inferred
             or (declared in _TEXTS and inferred in _TEXTS))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -302,7 +303,11 @@ def typed_params(conn: Conn, query: str,
                 # is the shortest text for the float4, whose nearest double is another value)
                 cast = sql.SQL("::real::float8" if t == "real" else "::" + t)
                 got = conn.execute(sql.SQL("SELECT %s{}").format(cast), (str(v),)).fetchone()
-                out.append(got[0] if got else None)
+                value = got[0] if got else None
+                # an integer where a numeric is inferred: the proxy's (a client's int, which
+                # means the same there) and its template instances' (``template``) type
+                out.append(int(value) if type(value) is Decimal and str(v).lstrip("-")
+                           .isdigit() else value)
     except psycopg.Error as exc:
         raise NotMaintainable(f"stored parameters cannot be typed: {exc}") from exc
     return tuple(out)

@@ -58,6 +58,20 @@ def resolve_table(conn: psycopg.Connection[Any], schema: str | None,
     return str(row[0]), str(row[1])
 
 
+def column_types(conn: psycopg.Connection[Any],
+                 columns: Sequence[tuple[str, str, str]]) -> list[int | None]:
+    """The type oid of each ``(schema, table, column)`` (None: no such column)."""
+    if not columns:
+        return []
+    rows = conn.execute(
+        "SELECT a.atttypid FROM unnest(%s::text[], %s::text[], %s::text[])"
+        " WITH ORDINALITY AS u(s, t, c, i) LEFT JOIN pg_catalog.pg_attribute AS a"
+        " ON a.attrelid = to_regclass(quote_ident(u.s) || '.' || quote_ident(u.t))"
+        " AND a.attname = u.c AND NOT a.attisdropped ORDER BY u.i",
+        ([c[0] for c in columns], [c[1] for c in columns], [c[2] for c in columns])).fetchall()
+    return [None if r[0] is None else int(r[0]) for r in rows]
+
+
 EFFECTIVE_SEARCH_PATH = ("array_to_string(ARRAY(SELECT quote_ident(s)"
                          " FROM unnest(current_schemas(true)) AS s), ', ')")
 """SQL for the schemas a session's unqualified names resolve through, as a search_path value:

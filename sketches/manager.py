@@ -56,7 +56,7 @@ from sketches.maintained import Entry as _Entry
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
-from sketches.safety import SafeAttribute, Safety, check
+from sketches.safety import SafeAttribute, Safety, check, equivalence_classes, exact_equalities
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.grammar import reads_the_clock
@@ -692,13 +692,15 @@ class SketchManager(IncrementalMaintenance):
 
     def _targets(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
                  safety: Safety) -> list[CaptureTarget]:
+        resolved = {i: lookup.resolve_table(conn, t.schema, t.name)
+                    for i, t in enumerate(analysis.tables)}
+        safe = _exact(conn, analysis, safety.safe, resolved)
         targets = []
-        for table_index, attrs in safety.by_table().items():
-            table = analysis.tables[table_index]
-            resolved = lookup.resolve_table(conn, table.schema, table.name)
-            if resolved is None:
+        for table_index, attrs in Safety(True, safety.reason, safe).by_table().items():
+            table, names = analysis.tables[table_index], resolved[table_index]
+            if names is None:
                 continue
-            schema, name = resolved
+            schema, name = names
             targets.append(self._target(conn, table, schema, name,
                                         lookup.by_preference(conn, schema, name, attrs)))
         if not targets:
@@ -956,6 +958,28 @@ def _held(lock: threading.Lock, stop: threading.Event | None) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _exact(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+           safe: Sequence[SafeAttribute],
+           resolved: dict[int, tuple[str, str] | None]) -> tuple[SafeAttribute, ...]:
+    """``safe`` without the attributes only join-equivalent to their key through equalities
+    that cast (:func:`sketches.safety.exact_equalities`; a class with a view or an unknown
+    table is not known to be exact)."""
+    direct = tuple(a for a in safe if a.direct)
+    if len(direct) == len(safe):
+        return direct
+    classes = equivalence_classes(analysis)
+    members = sorted({c for a in safe if not a.direct for c in classes.get(a.key, ())},
+                     key=lambda c: (c.table, c.column))
+    names = [resolved[c.table] for c in members]
+    if any(n is None for n in names):
+        return direct
+    found = lookup.column_types(conn, [(*n, c.column) for c, n in zip(members, names,
+                                                                       strict=True) if n])
+    types = dict(zip(members, found, strict=True))
+    return tuple(a for a in safe if a.direct or exact_equalities(
+        types[c] for c in classes.get(a.key, ())))
 
 
 def _captured_on(stored: catalog.StoredSketch, by_alias: dict[str, TableRef],

@@ -53,6 +53,7 @@ in every partition):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sketches.sql.model import ColumnRef, QueryAnalysis
@@ -106,6 +107,23 @@ def equivalence_classes(analysis: QueryAnalysis) -> dict[ColumnRef, frozenset[Co
     for c in list(parent):
         classes.setdefault(find(c), set()).add(c)
     return {c: frozenset(members) for members in classes.values() for c in members}
+
+
+EXACT_FAMILIES = (frozenset({20, 21, 23}), frozenset({25, 1043}))
+"""Type oids whose mutual equality loses nothing: integers (int2, int4, int8), text and
+varchar (which has text's operators)."""
+
+
+def exact_equalities(types: Iterable[int | None]) -> bool:
+    """Do join equalities between columns of these types compare their own values? Between
+    other types PostgreSQL casts one side, and a cast can merge values: ``float8 = numeric``
+    compares as float8 (``0.1`` and ``0.1000000000000000000001`` both equal the double
+    ``0.1``), ``varchar = character(n)`` ignores trailing blanks. A column only
+    join-equivalent to a key then holds several values per group, in several fragments, and
+    a sketch on it loses rows (found: 0 rows instead of ``(0.1, 3)``, the capture keeping
+    one of the group's fragments). Unknown types (None) are never exact."""
+    kinds = set(types)
+    return None not in kinds and (len(kinds) <= 1 or any(kinds <= f for f in EXACT_FAMILIES))
 
 
 def _keys(analysis: QueryAnalysis) -> tuple[str, tuple[ColumnRef, ...], str]:

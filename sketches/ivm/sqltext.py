@@ -86,9 +86,13 @@ def param_literal(value: object, conn: psycopg.Connection[Any] | None = None) ->
     means what the statement bound with it means: a float is a float8. (psycopg's literal of
     ``100.0`` is a numeric, whose text is ``100.0`` where the float8's is ``100``, and a
     numeric has no ``-0``: found, ``s = $1::text`` with ``-0.0`` built a state that matched
-    no row.)"""
+    no row.) A Decimal is a numeric (psycopg's literal of ``Decimal(2)`` is ``2``, an
+    integer: found, ``v / $1`` divided integers in the delta reads, and a numeric query
+    shared the state of an int one)."""
     if type(value) is float:
         return f"'{value!r}'::float8"
+    if type(value) is Decimal:
+        return f"'{value}'::numeric"
     return sql.Literal(value).as_string(conn)
 
 

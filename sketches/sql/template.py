@@ -81,16 +81,19 @@ def _number(node: object, params: Sequence[object] | None) -> tuple[Decimal, boo
     return None
 
 
-def _marker() -> ast.A_Const:
-    return ast.A_Const(isnull=False, val=ast.String(sval=_MARK))
+def _marker(text: str = _MARK) -> ast.A_Const:
+    """A constant no SQL text parses to (a bit string's value starts with ``b`` or ``x``):
+    found, a parameter's marker was a string constant, and the query with the literal
+    ``'$param:x'`` shared a sketch with the one binding ``'x'``."""
+    return ast.A_Const(isnull=False, val=ast.BitString(bsval="$" + text))
 
 
 def _substitute_params(node: object, params: Sequence[object] | None) -> object:
-    """Replaces ``$n`` by a string constant of its value, a float's marked as one (for
-    comparing skeletons only): a numeric and a float8 of one value mean two things to
-    PostgreSQL (``x = $1`` on a numeric column compares exactly, or as float8). Integers and
-    numerics of one text are one value (a restarted manager reads a stored integer parameter
-    of a numeric ``$n`` back as a numeric)."""
+    """Replaces ``$n`` by a :func:`_marker` of its Python type and value (for comparing
+    skeletons only): values of one text and other types mean other things to PostgreSQL
+    (``x = $1`` on a numeric column compares a float8 as float8; ``v / $1`` divides by an
+    integer ``2`` as integers, by a numeric ``2`` as numerics, and a text ``'2'`` is what
+    PostgreSQL infers: found, the sketch of one answered another, a group missing)."""
     if isinstance(node, tuple):
         return tuple(_substitute_params(n, params) for n in node)
     if isinstance(node, ast.ParamRef):
@@ -99,8 +102,8 @@ def _substitute_params(node: object, params: Sequence[object] | None) -> object:
         value = params[node.number - 1]
         if value is None:
             return ast.A_Const(isnull=True)
-        marker = f"$param:float:{value!r}" if isinstance(value, float) else f"$param:{value!s}"
-        return ast.A_Const(isnull=False, val=ast.String(sval=marker))
+        text = repr(value) if type(value) is float else str(value)
+        return _marker(f"param:{type(value).__name__}:{text}")
     if isinstance(node, ast.Node):
         for attr in node:
             value = getattr(node, attr)

@@ -11,7 +11,7 @@ import pytest
 from sketches.capture import CaptureTarget, capture
 from sketches.instrument import instrument
 from sketches.ranges import build_partition
-from sketches.safety import check, equivalence_classes
+from sketches.safety import check, equivalence_classes, exact_equalities
 from sketches.sql import ColumnRef, analyse
 
 COLUMNS = {"t": ["id", "g", "v", "s"], "dim": ["id", "k", "w"], "u": ["a", "b"]}
@@ -95,3 +95,14 @@ def test_ties_at_kth_position_keep_all_candidates(conn: psycopg.Connection[Any])
         f"SELECT count(*) FROM ({unlimited}) AS x WHERE o = 50").fetchone()
     assert tied == instrumented_candidates
     assert conn.execute(sql).fetchall() == conn.execute(text).fetchall()
+
+
+@pytest.mark.parametrize(("types", "exact"), [
+    ((23, 23), True), ((23, 20, 21), True), ((25, 1043), True), ((1700, 1700), True),
+    ((701, 1700), False), ((1042, 1043), False), ((23, 701), False), ((20, 1700), False),
+    ((1082, 1114), False), ((23, None), False),
+])
+def test_exact_equalities(types: tuple[int | None, ...], exact: bool) -> None:
+    """Only equalities that compare the columns' own values (no cast that can merge values)
+    let a join-equivalent column carry a sketch."""
+    assert exact_equalities(types) is exact

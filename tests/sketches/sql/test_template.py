@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from sketches.sql.template import instance, reusable
@@ -60,3 +62,27 @@ def test_different_templates_never_reuse() -> None:
                         instance("SELECT g, count(*) FROM t GROUP BY g HAVING sum(v) > 5"))
     assert not reusable(instance(HAVING.format(5)),
                         instance(HAVING.format(5).replace(">", ">=", 2)))
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    (2, Decimal(2)), ("2", 2), ("2", Decimal(2)), (2.0, Decimal(2)), (2, 2.0), (True, 1),
+])
+def test_parameters_of_one_text_and_other_types_are_other_values(first: object,
+                                                                 second: object) -> None:
+    """``v / $1`` divides integers for an int ``2`` and numerics for a numeric ``2``; a
+    text ``'2'`` is the type PostgreSQL infers. Found: the sketch of the int answered the
+    numeric (a group missing). The same value of one type still reuses."""
+    q = "SELECT g FROM t WHERE v / $1 > 2 GROUP BY g HAVING count(*) > 0"
+    assert not reusable(instance(q, [first]), instance(q, [second]))
+    assert not reusable(instance(q, [second]), instance(q, [first]))
+    assert reusable(instance(q, [second]), instance(q, [second]))
+
+
+def test_a_literal_is_never_a_parameter_marker() -> None:
+    """A parameter was marked by the string constant ``'$param:<value>'``: the query with
+    that literal shared a sketch with the one binding ``'x'`` (0 rows instead of 1)."""
+    literal = instance("SELECT g FROM t WHERE s = '$param:x' GROUP BY g HAVING count(*) > 0")
+    bound = instance("SELECT g FROM t WHERE s = $1 GROUP BY g HAVING count(*) > 0", ["x"])
+    assert not reusable(literal, bound) and not reusable(bound, literal)
+    assert not reusable(instance("SELECT g FROM t WHERE s = '$param:str:x' GROUP BY g"
+                                 " HAVING count(*) > 0"), bound)
