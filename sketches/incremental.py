@@ -399,10 +399,26 @@ def horizon(conn: Conn) -> int:
         "  pg_stat_activity WHERE backend_xmin IS NOT NULL UNION ALL SELECT backend_xid FROM"
         "  pg_stat_activity WHERE backend_xid IS NOT NULL) AS a)").fetchone()
     assert row is not None
-    low, ref = int(row[0]), int(row[1])  # ref: above every assigned xid
+    low, ref = int(row[0]), int(row[1])
     for x32 in row[2] or ():
-        low = min(low, ref - ((ref % _XID32 - int(x32)) % _XID32))
-    return low
+        low = min(low, widen(int(x32), ref))
+    return max(low, 0)
+
+
+def widen(x32: int, ref: int) -> int:
+    """The full xid whose low 32 bits are ``x32``, nearest the full xid ``ref`` (within
+    2^31: PostgreSQL keeps every xid in use that close to the next one).
+
+    Why nearest, not at or below ``ref``: a backend's xid or snapshot xmin read from
+    ``pg_stat_activity`` may be newer than the snapshot that gave ``ref`` (a transaction that
+    began in between). Taken as 2^32 older, it made the horizon negative, PostgreSQL read the
+    bound as a huge snapshot, and the collection deleted every audit row, also those a state
+    had still to read (found: a sketch maintained after that missed a committed
+    transaction's rows, a group missing)."""
+    diff = (x32 - ref) % _XID32
+    if diff >= _XID32 // 2:
+        diff -= _XID32
+    return ref + diff
 
 
 def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> int:
