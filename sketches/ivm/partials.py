@@ -80,7 +80,7 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     fragments) rows carry the partials, (groups, value of aggregate i) rows — flag 0 — the
     value's net multiplicity change in the row-count column. An avg argument of type numeric
     without a fixed scale also splits the (groups, fragments) rows by its values' scale
-    (:func:`_scales`)."""
+    (:func:`scales`)."""
     positions = range(len(spec.tables))
     terms = [_term(conn, spec, infos, changed)
              for n in range(1, len(spec.tables) + 1)
@@ -88,7 +88,8 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     ng, nf = len(spec.group_sql), len(_sketched(spec))
     gcols = [sql.SQL(f"_g{i}") for i in range(ng)]
     fcols = [sql.SQL(f"_f{i}") for i in range(nf)]
-    scols, fixed = _scales(conn, spec)
+    loose, fixed = scales(conn, spec)
+    scols = [sql.SQL(f"scale(_a{i})") for i in loose]
     vcols = [sql.SQL(f"_a{i}") for i in _valued(spec)]
     cols: list[sql.Composable] = [*gcols, *fcols, *vcols]
     cols += [sql.SQL("GROUPING({})").format(v) for v in vcols]
@@ -117,24 +118,22 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     return _reading(conn, infos, text, setup=_join_setup(conn, spec, infos))
 
 
-def _scales(conn: Conn, spec: PlanSpec) -> tuple[list[sql.Composable], dict[int, int]]:
-    """``scale(_ai)`` of each avg argument ``i`` of type numeric without a fixed scale (a
-    sum's scale does not count: compared or added, its value is all the engine uses),
-    and the scale of each of type ``numeric(p, s)`` (all its values have scale ``s``: the
-    accumulator learns from it that the values the state build did not count have it too).
-    The types come from a ``LIMIT 0`` query over the tables. Other types have no scale (int:
-    always 0)."""
-    summed = [i for i, a in enumerate(spec.aggs) if a.func == "avg"]
-    if not summed:
+def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
+    """The avg aggregates (indexes) whose argument is a numeric without a fixed scale, and the
+    scale of each whose argument is a ``numeric(p, s)`` (all its values have scale ``s``: the
+    accumulator counts them exactly, ``accumulators.SumAcc``). A sum's scale does not count
+    (compared or added, its value is all the engine uses). The types come from a ``LIMIT 0``
+    query over the tables. Other types have no scale (int: always 0)."""
+    averaged = [i for i, a in enumerate(spec.aggs) if a.func == "avg"]
+    if not averaged:
         return [], {}
-    args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in summed)
+    args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in averaged)
     tables = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
         sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
     cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
-    numeric = [(i, col.scale) for i, col in zip(summed, cur.description or [], strict=True)
+    numeric = [(i, col.scale) for i, col in zip(averaged, cur.description or [], strict=True)
                if col.type_code == NUMERIC_OID]
-    return ([sql.SQL(f"scale(_a{i})") for i, s in numeric if s is None],
-            {i: s for i, s in numeric if s is not None})
+    return [i for i, s in numeric if s is None], {i: s for i, s in numeric if s is not None}
 
 
 def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable,

@@ -404,24 +404,31 @@ class Pipeline:
 
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
         agg, spec = self.aggregate, self.spec
-        assert agg is not None
+        assert agg is not None and self._conn is not None
+        loose, fixed = partials.scales(self._conn, spec)
         partial_sql: list[sql.Composable] = []
-        for a, arg in zip(spec.aggs, spec.agg_sql, strict=True):
+        for i, (a, arg) in enumerate(zip(spec.aggs, spec.agg_sql, strict=True)):
             if a.func == "count_star":
                 partial_sql.append(sql.SQL("count(*)"))
             elif a.func in ("sum", "avg"):
                 partial_sql += [sql.SQL("sum({})").format(_raw(arg or "")),
-                             sql.SQL("count({})").format(_raw(arg or ""))]
+                                sql.SQL("count({})").format(_raw(arg or ""))]
+                if i in loose:   # one scale in the partial: every value counted at it
+                    partial_sql += [sql.SQL("min(scale({}))").format(_raw(arg or "")),
+                                    sql.SQL("max(scale({}))").format(_raw(arg or ""))]
             else:
                 partial_sql.append(sql.SQL("count({})").format(_raw(arg or "")))
         ng, nf = len(spec.group_sql), len(frags)
         for r in self._grouped([_raw(g) for g in spec.group_sql], frags, partial_sql):
             parts: list[object] = []
             at = ng + nf
-            for a in spec.aggs:
+            for i, a in enumerate(spec.aggs):
                 if a.func in ("sum", "avg"):
-                    parts.append((r[at], r[at + 1]))
-                    at += 2
+                    one = fixed.get(i)
+                    if i in loose:
+                        one = r[at + 3] if r[at + 2] == r[at + 3] else None
+                    parts.append((r[at], r[at + 1], one))
+                    at += 4 if i in loose else 2
                 else:
                     parts.append(r[at])
                     at += 1

@@ -59,3 +59,19 @@ def test_a_deleted_nan_leaves_the_sum(db: str) -> None:
           "DELETE FROM nm_nan WHERE w = 'NaN'",
           "INSERT INTO nm_nan (g, w) VALUES (3, 1)"])
 
+
+
+def test_deletes_from_a_column_of_one_scale_are_maintained(db: str) -> None:
+    """A state build that only knew each (group, fragment)'s largest scale made the scale of
+    a group unknown once its values of that scale were deleted, though every value had it:
+    refused, recaptured after each such delete. The build now reads whether a partial's values
+    have one scale (``min(scale) = max(scale)``) and counts them all: deletes are maintained,
+    and each answer is PostgreSQL's."""
+    entry = _run(db, "nm_one", "id serial PRIMARY KEY, g int, w numeric",
+                 "INSERT INTO nm_one (g, w) SELECT i % 40, (i % 7) + 0.25 FROM"
+                 " generate_series(1, 4000) i",
+                 "SELECT g, count(*) FROM nm_one GROUP BY g HAVING avg(w) < 3.2",
+                 ["DELETE FROM nm_one WHERE id IN (SELECT id FROM nm_one WHERE g = 3 LIMIT 60)",
+                  "DELETE FROM nm_one WHERE g = 5 AND w > 4",
+                  "UPDATE nm_one SET w = w + 1.50 WHERE g = 9"])
+    assert entry["captures"] == 1 and entry["maintenances"] == 3, entry

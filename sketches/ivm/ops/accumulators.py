@@ -248,13 +248,17 @@ class SumAcc:
             self.scales = {part[2]: nonnull}   # every value counted: all have that scale
             self.loose = -1
 
-    def load_partial(self, total: Any, nonnull: int) -> None:
+    def load_partial(self, total: Any, nonnull: int, scale: int | None = None) -> None:
         """Adds one partial of the state build: the sum and the non-NULL count of the values
-        of one (group, fragment), computed by PostgreSQL (its sum has the largest scale of
-        those values: one value is counted at it, the others are uncounted)."""
+        of one (group, fragment), computed by PostgreSQL. ``scale``: every one of those values
+        has it (all are counted at it); None: unknown (the sum has the largest scale of the
+        values: one is counted at it, the others are uncounted)."""
         if not nonnull:
             return
-        if type(total) is Decimal:
+        if type(total) is Decimal and scale is not None:
+            numeric.refuse_non_finite(total)
+            self._count_scale(scale, int(nonnull))
+        elif type(total) is Decimal:
             s = numeric.scale(total)
             self._count_scale(s, 1)
             if nonnull > 1 and s > self.loose:

@@ -427,7 +427,8 @@ class Aggregate(Operator):
                        partials: Sequence[object]) -> None:
         """Adds one row of ``SELECT g, frag…, count(*), partials… GROUP BY g, frag…``:
         ``partials[i]`` is the non-NULL count for count/min/max and ``(sum, non-NULL count)`` for
-        sum/avg. min/max values are loaded afterwards by :meth:`load_values`."""
+        sum/avg, or ``(sum, non-NULL count, scale)`` when all its values have that scale (None:
+        unknown). min/max values are loaded afterwards by :meth:`load_values`."""
         self._recent = {}
         st = self.groups.get(key)
         if st is None:
@@ -437,7 +438,7 @@ class Aggregate(Operator):
         st.add_frags(((s, f) for s, f in enumerate(frags) if f is not None), count)
         for acc, part in zip(st.accs, partials, strict=True):
             if isinstance(acc, SumAcc):
-                acc.load_partial(*cast(tuple[Any, int], part))
+                acc.load_partial(*cast(tuple[Any, int, int | None], part))
             else:
                 acc.nonnull += int(cast(int, part))
 
