@@ -106,6 +106,10 @@ class TableInfo:
     see (the probe's answer; other readers leave it False)."""
 
 
+_EXACT_FLOATS = "current_setting('extra_float_digits')::int > 0"
+"""SQL: does the session print floats exactly (:class:`RoundedFloats`)?"""
+
+
 def require_snapshot(conn: psycopg.Connection[Any]) -> str:
     """The current transaction's snapshot; raises :class:`SnapshotRequired` if statements of
     this transaction may see different snapshots."""
@@ -117,9 +121,6 @@ def require_snapshot(conn: psycopg.Connection[Any]) -> str:
         raise SnapshotRequired("deltas must be read inside an open transaction")
     _check_session(row[1], row[2])
     return str(row[0])
-
-
-_EXACT_FLOATS = "current_setting('extra_float_digits')::int > 0"
 
 
 def _check_session(iso: str, exact_floats: bool) -> None:
@@ -168,8 +169,8 @@ _PROBE = sql.SQL(
     " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
-    " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid,"
-    " current_setting('extra_float_digits')::int > 0 AS exact_floats) AS s"
+    " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid, "
+    + _EXACT_FLOATS + " AS exact_floats) AS s"
     " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY({relids}::bigint[])")
 
 _AUDITS_VISIBLE = sql.SQL(
