@@ -75,55 +75,86 @@ BEGIN
         END IF;
     END LOOP;
     UPDATE imp.tracked_tables SET audit_table = audit, columns = cols WHERE relid = rel::oid;
+    PERFORM imp._create_audit_triggers(rel, cols);
     RETURN audit;
 END $$;
 
+-- (Re)creates the audit triggers of `rel` auditing `cols` (in the triggers' arguments). CREATE OR
+-- REPLACE TRIGGER sets them back to fire on origin only: callers run imp._audit_always after.
+CREATE OR REPLACE FUNCTION imp._create_audit_triggers(rel regclass, cols text[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE args text := (SELECT coalesce(string_agg(quote_literal(c), ', ' ORDER BY i), '')
+                      FROM unnest(cols) WITH ORDINALITY AS u(c, i));
+BEGIN
+    EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_ins AFTER INSERT ON %s'
+                   ' REFERENCING NEW TABLE AS imp_new'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_insert(%s)', rel, args);
+    EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_del AFTER DELETE ON %s'
+                   ' REFERENCING OLD TABLE AS imp_old'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_delete(%s)', rel, args);
+    EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_upd AFTER UPDATE ON %s'
+                   ' REFERENCING OLD TABLE AS imp_old NEW TABLE AS imp_new'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_update(%s)', rel, args);
+    EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_trunc AFTER TRUNCATE ON %s'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_truncate()', rel);
+END $$;
+REVOKE ALL ON FUNCTION imp._create_audit_triggers(regclass, text[]) FROM PUBLIC;
+
+-- The audit triggers name the audited columns in their arguments, and the audit table is
+-- imp.delta_<oid of T>: they read nothing from imp.tracked_tables, whose row a REPEATABLE READ or
+-- SERIALIZABLE writer whose snapshot predates the tracking cannot see (found: such a writer's
+-- inserts left no audit rows, and a maintained sketch lost their group). Trigger arguments come
+-- from the catalog as it is now, whatever the writer's snapshot. The INSERT runs in the trigger
+-- function itself: the transition tables are visible there only.
+CREATE OR REPLACE FUNCTION imp._audit_list(cols text[]) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(string_agg(', ' || quote_ident(c), '' ORDER BY i), '')
+    FROM unnest(cols) WITH ORDINALITY AS u(c, i)
+$$;
+
 CREATE OR REPLACE FUNCTION imp._audit_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE t imp.tracked_tables; cols text;
+DECLARE cols text := imp._audit_list(TG_ARGV);
 BEGIN
-    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
-    IF FOUND THEN
-        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
-        EXECUTE format('INSERT INTO %s (_xid, _mult, %s) SELECT pg_current_xact_id(), 1, %s FROM imp_new',
-                       t.audit_table, cols, cols);
-    END IF;
+    EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), 1%s'
+                   ' FROM imp_new', 'delta_' || TG_RELID, cols, cols);
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._audit_delete() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE t imp.tracked_tables; cols text;
+DECLARE cols text := imp._audit_list(TG_ARGV);
 BEGIN
-    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
-    IF FOUND THEN
-        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
-        EXECUTE format('INSERT INTO %s (_xid, _mult, %s) SELECT pg_current_xact_id(), -1, %s FROM imp_old',
-                       t.audit_table, cols, cols);
-    END IF;
+    EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), -1%s'
+                   ' FROM imp_old', 'delta_' || TG_RELID, cols, cols);
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._audit_update() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE t imp.tracked_tables; cols text;
+DECLARE cols text := imp._audit_list(TG_ARGV);
 BEGIN
-    SELECT * INTO t FROM imp.tracked_tables WHERE relid = TG_RELID;
-    IF FOUND THEN
-        cols := (SELECT string_agg(quote_ident(c), ', ') FROM unnest(t.columns) c);
-        EXECUTE format('INSERT INTO %s (_xid, _mult, %s)'
-                       ' SELECT pg_current_xact_id(), -1, %s FROM imp_old'
-                       ' UNION ALL SELECT pg_current_xact_id(), 1, %s FROM imp_new',
-                       t.audit_table, cols, cols, cols);
-    END IF;
+    EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s)'
+                   ' SELECT pg_current_xact_id(), -1%s FROM imp_old'
+                   ' UNION ALL SELECT pg_current_xact_id(), 1%s FROM imp_new',
+                   'delta_' || TG_RELID, cols, cols, cols);
     RETURN NULL;
 END $$;
 
--- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally).
+-- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally). A
+-- REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates the tracking cannot see
+-- the row to bump: it fails as a serialization failure (40001: retry), never unseen.
 CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = TG_RELID;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'could not serialize access due to concurrent tracking of table %',
+            TG_RELID::regclass
+            USING ERRCODE = 'serialization_failure',
+                  HINT = 'The table''s change tracking began after this transaction''s snapshot.'
+                         ' The transaction might succeed if retried.';
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -131,7 +162,7 @@ END $$;
 -- replica (pg_restore, logical replication, bulk loads) or ALTER TABLE … DISABLE TRIGGER made
 -- writes that the audit table never saw, and incrementally maintained sketches went wrong.
 -- Called at tracking and after every ALTER TABLE of a tracked table (one ALTER TABLE for all
--- triggers, only when one is not ALWAYS, so the nested ddl_command_end ends the recursion).
+-- triggers, only when one is not ALWAYS; imp._ddl_end ignores it).
 -- Untrack a table with imp.untrack_table to stop auditing it.
 CREATE OR REPLACE FUNCTION imp._audit_always(rel regclass) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -141,7 +172,10 @@ BEGIN
     INTO subcommands
     FROM pg_trigger WHERE tgrelid = rel AND tgname LIKE 'imp\_audit\_%' AND tgenabled <> 'A';
     IF subcommands IS NOT NULL THEN
+        -- this ALTER TABLE ends in imp._ddl_end: the setting tells it the change is ours
+        PERFORM set_config('imp.retracking', 'on', true);
         EXECUTE format('ALTER TABLE %s %s', rel, subcommands);
+        PERFORM set_config('imp.retracking', 'off', true);
     END IF;
 END $$;
 REVOKE ALL ON FUNCTION imp._audit_always(regclass) FROM PUBLIC;
@@ -166,15 +200,6 @@ BEGIN
     INSERT INTO imp.tracked_tables (relid, audit_table, columns, epoch)
     VALUES (rel::oid, 'imp.tracked_tables'::regclass, '{}', nextval('imp.epoch_seq'));
     audit := imp._create_audit_table(rel);
-    EXECUTE format('CREATE TRIGGER imp_audit_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS imp_new'
-                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_insert()', rel);
-    EXECUTE format('CREATE TRIGGER imp_audit_del AFTER DELETE ON %s REFERENCING OLD TABLE AS imp_old'
-                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_delete()', rel);
-    EXECUTE format('CREATE TRIGGER imp_audit_upd AFTER UPDATE ON %s'
-                   ' REFERENCING OLD TABLE AS imp_old NEW TABLE AS imp_new'
-                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_update()', rel);
-    EXECUTE format('CREATE TRIGGER imp_audit_trunc AFTER TRUNCATE ON %s'
-                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_truncate()', rel);
     PERFORM imp._audit_always(rel);
     RETURN audit;
 END $$;
@@ -250,26 +275,46 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION imp.gc_deltas(regclass, pg_snapshot) FROM PUBLIC;
 
--- DDL on tracked tables: ALTER TABLE bumps the epoch and rebuilds the audit table with the new
--- columns (so writes keep working); DROP TABLE forgets the table.
+-- DDL on tracked tables: an ALTER bumps the epoch and rebuilds the audit table and triggers with
+-- the new columns (so writes keep working); DROP TABLE forgets the table. Not only ALTER TABLE:
+-- ALTER VIEW / MATERIALIZED VIEW / FOREIGN TABLE … RENAME COLUMN and ALTER TYPE … RENAME
+-- ATTRIBUTE work on a table too, ALTER TYPE … RENAME VALUE relabels an enum the engine holds by
+-- label, DROP TYPE … CASCADE drops columns (found: a column swap through ALTER VIEW, and an
+-- enum value renamed, left maintained sketches wrong).
+CREATE OR REPLACE FUNCTION imp._retrack(rel regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = rel::oid;
+    PERFORM imp._create_audit_table(rel);
+    PERFORM imp._audit_always(rel);
+END $$;
+REVOKE ALL ON FUNCTION imp._retrack(regclass) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION imp._ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE cmd record;
+DECLARE rel oid;
 BEGIN
-    FOR cmd IN
-        SELECT DISTINCT c.objid FROM pg_event_trigger_ddl_commands() c
-        JOIN imp.tracked_tables t ON t.relid = c.objid
-        WHERE c.classid = 'pg_class'::regclass
+    IF current_setting('imp.retracking', true) = 'on' THEN
+        RETURN;
+    END IF;
+    FOR rel IN
+        SELECT DISTINCT t.relid FROM pg_event_trigger_ddl_commands() c
+        JOIN imp.tracked_tables t
+          ON (c.classid = 'pg_class'::regclass AND c.objid = t.relid)
+          OR (c.classid = 'pg_type'::regclass AND EXISTS (
+                SELECT 1 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+                WHERE a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped
+                  AND c.objid IN (ty.oid, ty.typelem, ty.typbasetype)
+                UNION ALL
+                SELECT 1 FROM pg_class r WHERE r.oid = t.relid AND r.reltype = c.objid))
     LOOP
-        UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = cmd.objid;
-        PERFORM imp._create_audit_table(cmd.objid::regclass);
-        PERFORM imp._audit_always(cmd.objid::regclass);
+        PERFORM imp._retrack(rel::regclass);
     END LOOP;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._ddl_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE t imp.tracked_tables;
+DECLARE t imp.tracked_tables; rel oid;
 BEGIN
     FOR t IN
         SELECT tt.* FROM imp.tracked_tables tt
@@ -278,6 +323,14 @@ BEGIN
     LOOP
         DELETE FROM imp.tracked_tables WHERE relid = t.relid;
         EXECUTE format('DROP TABLE IF EXISTS imp.%I', 'delta_' || t.relid);
+    END LOOP;
+    -- columns dropped by another command than ALTER TABLE (DROP TYPE … CASCADE)
+    FOR rel IN
+        SELECT DISTINCT tt.relid FROM imp.tracked_tables tt
+        JOIN pg_event_trigger_dropped_objects() d
+          ON d.classid = 'pg_class'::regclass AND d.objid = tt.relid AND d.objsubid > 0
+    LOOP
+        PERFORM imp._retrack(rel::regclass);
     END LOOP;
 END $$;
 
@@ -320,24 +373,55 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The event triggers fire ALWAYS, as the audit triggers do: under session_replication_role =
+-- replica an ALTER TABLE … ALTER COLUMN TYPE went unseen, and a bulk load between DISABLE and
+-- ENABLE TRIGGER ALL left no audit rows (found: a maintained sketch kept old values). A trigger
+-- from an earlier version with other tags is created again.
 DO $$
+DECLARE
+    wanted record;
 BEGIN
     IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
         RAISE WARNING 'imp: not a superuser, DDL on tracked tables will not invalidate sketches';
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_ddl_end') THEN
-        CREATE EVENT TRIGGER imp_ddl_end ON ddl_command_end
-            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION imp._ddl_end();
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_ddl_drop') THEN
-        CREATE EVENT TRIGGER imp_ddl_drop ON sql_drop
-            WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION imp._ddl_drop();
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'imp_audit_guard') THEN
-        CREATE EVENT TRIGGER imp_audit_guard ON sql_drop
-            WHEN TAG IN ('DROP TABLE', 'DROP TRIGGER') EXECUTE FUNCTION imp._audit_guard();
-    END IF;
+    FOR wanted IN
+        SELECT * FROM (VALUES
+            ('imp_ddl_end', 'ddl_command_end', ARRAY['ALTER TABLE', 'ALTER VIEW',
+             'ALTER MATERIALIZED VIEW', 'ALTER FOREIGN TABLE', 'ALTER TYPE', 'ALTER INDEX',
+             'ALTER SEQUENCE'], 'imp._ddl_end'),
+            ('imp_ddl_drop', 'sql_drop', ARRAY['DROP TABLE', 'DROP TYPE', 'DROP DOMAIN'],
+             'imp._ddl_drop'),
+            ('imp_audit_guard', 'sql_drop', ARRAY['DROP TABLE', 'DROP TRIGGER'],
+             'imp._audit_guard')) AS w(name, event, tags, func)
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_event_trigger e WHERE e.evtname = wanted.name
+                   AND e.evttags IS DISTINCT FROM wanted.tags) THEN
+            EXECUTE format('DROP EVENT TRIGGER %I', wanted.name);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_event_trigger e WHERE e.evtname = wanted.name) THEN
+            EXECUTE format('CREATE EVENT TRIGGER %I ON %s WHEN TAG IN (%s) EXECUTE FUNCTION %s()',
+                           wanted.name, wanted.event,
+                           (SELECT string_agg(quote_literal(t), ', ') FROM unnest(wanted.tags) t),
+                           wanted.func);
+        END IF;
+        EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', wanted.name);
+    END LOOP;
+END $$;
+
+-- Audit triggers of an earlier version read their columns from imp.tracked_tables: give them
+-- their columns as arguments (their audit tables and rows are kept).
+DO $$
+DECLARE t imp.tracked_tables;
+BEGIN
+    FOR t IN
+        SELECT tt.* FROM imp.tracked_tables tt
+        JOIN pg_trigger g ON g.tgrelid = tt.relid AND g.tgname = 'imp_audit_ins'
+        WHERE g.tgnargs = 0 AND cardinality(tt.columns) > 0
+    LOOP
+        PERFORM imp._create_audit_triggers(t.relid::regclass, t.columns);
+        PERFORM imp._audit_always(t.relid::regclass);
+    END LOOP;
 END $$;
 
 -- Persisted state of the incremental operators of a sketch (sketches.ivm.state).

@@ -103,7 +103,8 @@ class TableInfo:
     epoch: int
     children: bool = False
     """The table has inheritance children or partitions, whose own writes its triggers never
-    see (the probe's answer; other readers leave it False)."""
+    see, or is one, whose rows a write naming the parent changes without firing its statement
+    triggers (the probe's answer; other readers leave it False)."""
 
 
 _EXACT_FLOATS = "current_setting('extra_float_digits')::int > 0"
@@ -165,7 +166,8 @@ _PROBE = sql.SQL(
     " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     "  WHERE c.oid = t.audit_table), t.epoch,"
-    " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = t.relid),"
+    " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h"
+    "  WHERE h.inhparent = t.relid OR h.inhrelid = t.relid),"
     " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"

@@ -637,7 +637,7 @@ class Pipeline:
             if info.epoch != epoch:
                 raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
             if info.children:  # attached or inherited since: their writes are not audited
-                raise Invalidated(f"table {relid} has inheritance children or partitions")
+                raise Invalidated(f"table {relid} is in an inheritance tree or partitioned")
             if probe.has_xid:
                 deltas.check_own_writes(conn, info)
             infos.append(info)

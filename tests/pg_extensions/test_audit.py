@@ -316,3 +316,134 @@ def test_gc_skips_an_audit_table_that_ddl_holds(conn: Conn, db_dsn: str, tracked
         ddl.rollback()
     conn.execute("RESET lock_timeout")
     assert conn.execute(gc, (tracked, version[0])).fetchone() == (5,)
+
+
+def _make_table(conn: Conn) -> str:
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, v numeric, s text)")
+                 .format(sql.Identifier(name)))
+    return name
+
+
+def test_a_repeatable_read_writer_older_than_the_tracking_is_audited(conn: Conn,
+                                                                     db_dsn: str) -> None:
+    """The triggers read their columns from their arguments: a writer whose snapshot predates
+    the tracking cannot see the imp.tracked_tables row (found: its inserts left no audit rows,
+    and a maintained sketch lost their group)."""
+    pg_extensions.install(conn)
+    name = _make_table(conn)
+    with psycopg.connect(db_dsn, autocommit=True) as w:
+        w.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        w.execute("SELECT 1")
+        conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+        insert_series(w, name, 1, 3, "x")
+        w.execute(sql.SQL("UPDATE {} SET s = 'y' WHERE id = 1").format(sql.Identifier(name)))
+        w.execute(sql.SQL("DELETE FROM {} WHERE id = 2").format(sql.Identifier(name)))
+        w.execute("COMMIT")
+    assert [(m, i, s) for _x, m, i, _g, _v, s in audit_rows(conn, name)] == [
+        (-1, 1, "x"), (-1, 2, "x"), (1, 1, "x"), (1, 1, "y"), (1, 2, "x"), (1, 3, "x")]
+
+
+def test_a_truncate_older_than_the_tracking_fails_as_a_serialization_failure(
+        conn: Conn, db_dsn: str) -> None:
+    """TRUNCATE bumps the epoch row, which such a writer cannot see: it must fail (40001,
+    retry), never pass unseen."""
+    pg_extensions.install(conn)
+    name = _make_table(conn)
+    with psycopg.connect(db_dsn, autocommit=True) as w:
+        w.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        w.execute("SELECT 1")
+        conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            w.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(name)))
+        w.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("rename", [
+    "ALTER VIEW {} RENAME COLUMN v TO w",
+    "ALTER MATERIALIZED VIEW {} RENAME COLUMN v TO w",
+    "ALTER FOREIGN TABLE {} RENAME COLUMN v TO w",
+    "ALTER TYPE {} RENAME ATTRIBUTE v TO w",
+])
+def test_renames_through_other_alter_commands_bump_the_epoch(conn: Conn, tracked: str,
+                                                             rename: str) -> None:
+    """These commands rename a table's column too (found: a column swap through ALTER VIEW
+    left the epoch and the audit table as they were, and a maintained sketch read the old
+    columns)."""
+    before = epoch(conn, tracked)
+    conn.execute(sql.SQL(rename).format(sql.Identifier(tracked)))
+    assert epoch(conn, tracked) != before
+    conn.execute(sql.SQL("INSERT INTO {} (id, g, w, s) VALUES (1, 1, 5, 'a')")
+                 .format(sql.Identifier(tracked)))
+    audit = audit_table(conn, tracked)
+    assert conn.execute(sql.SQL("SELECT w FROM {}").format(sql.SQL(audit))).fetchall() == [(5,)]
+
+
+def test_an_enum_value_renamed_bumps_the_epoch_of_tables_using_it(conn: Conn) -> None:
+    """The engine holds enum values by their labels: a renamed label is another value."""
+    pg_extensions.install(conn)
+    kind = f"k_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE TYPE {} AS ENUM ('a', 'b')").format(sql.Identifier(kind)))
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE TABLE {} (id int, k {})")
+                 .format(sql.Identifier(name), sql.Identifier(kind)))
+    conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    before = epoch(conn, name)
+    conn.execute(sql.SQL("ALTER TYPE {} RENAME VALUE 'a' TO 'c'").format(sql.Identifier(kind)))
+    assert epoch(conn, name) != before
+
+
+def test_a_column_dropped_by_drop_type_cascade_keeps_writes_working(conn: Conn) -> None:
+    pg_extensions.install(conn)
+    kind = f"d_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE DOMAIN {} AS int").format(sql.Identifier(kind)))
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE TABLE {} (id int, d {})")
+                 .format(sql.Identifier(name), sql.Identifier(kind)))
+    conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    before = epoch(conn, name)
+    conn.execute(sql.SQL("DROP DOMAIN {} CASCADE").format(sql.Identifier(kind)))
+    assert epoch(conn, name) != before
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(name)))
+    audit = audit_table(conn, name)
+    assert conn.execute(sql.SQL("SELECT id FROM {}").format(sql.SQL(audit))).fetchall() == [(1,)]
+
+
+def test_ddl_under_the_replica_role_is_seen(conn: Conn, tracked: str) -> None:
+    """Event triggers fire ALWAYS (found: under session_replication_role = replica an ALTER
+    COLUMN TYPE went unseen, and a bulk load between DISABLE and ENABLE TRIGGER ALL left no
+    audit rows and the audit triggers firing on origin only)."""
+    conn.execute("SET session_replication_role = replica")
+    try:
+        before = epoch(conn, tracked)
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN g TYPE bigint USING g * 3")
+                     .format(sql.Identifier(tracked)))
+        assert epoch(conn, tracked) != before
+        conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER ALL").format(sql.Identifier(tracked)))
+        insert_series(conn, tracked, 1, 2, "bulk")
+        assert [r[5] for r in audit_rows(conn, tracked)] == ["bulk", "bulk"]
+        before = epoch(conn, tracked)
+        conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER ALL").format(sql.Identifier(tracked)))
+        assert epoch(conn, tracked) != before   # a rebuilt audit table starts empty
+        insert_series(conn, tracked, 3, 3, "after")
+    finally:
+        conn.execute("RESET session_replication_role")
+    assert [r[5] for r in audit_rows(conn, tracked)] == ["after"]
+    modes = conn.execute("SELECT DISTINCT tgenabled FROM pg_trigger WHERE tgrelid = %s::regclass"
+                         " AND tgname LIKE 'imp\\_audit\\_%%'", (tracked,)).fetchall()
+    assert modes == [("A",)]
+
+
+def test_audit_triggers_of_an_earlier_version_get_their_columns(conn: Conn, tracked: str) -> None:
+    """Installing over triggers without arguments (the earlier version) gives them their
+    columns and keeps the audit rows already written."""
+    insert_series(conn, tracked, 1, 1, "kept")
+    conn.execute("SET imp.retracking = on")   # the ALTER TABLEs below are the test's own
+    conn.execute(sql.SQL("CREATE OR REPLACE TRIGGER imp_audit_ins AFTER INSERT ON {}"
+                         " REFERENCING NEW TABLE AS imp_new FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION imp._audit_insert()").format(sql.Identifier(tracked)))
+    conn.execute("RESET imp.retracking")
+    conn.execute("DELETE FROM imp.schema_version WHERE name = '002_audit.sql'")
+    pg_extensions.install(conn)
+    insert_series(conn, tracked, 2, 2, "new")
+    assert [r[5] for r in audit_rows(conn, tracked)] == ["kept", "new"]

@@ -1192,3 +1192,110 @@ def test_a_restarted_manager_reads_its_parameters_as_they_were_bound(db: str,
             assert entry["captures"] == 1 and entry["maintenances"] >= 1, entry
         finally:
             m.close()
+
+
+def _hav(table: str) -> str:
+    return f"SELECT g, count(*) AS n, sum(v) AS s FROM {table} GROUP BY g HAVING sum(v) > 95"
+
+
+def _grouped_table(conn: Conn, name: str, track: bool = True) -> None:
+    conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(pgsql.Identifier(name)))
+    conn.execute(pgsql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, v int)")
+                 .format(pgsql.Identifier(name)))
+    conn.execute(pgsql.SQL("INSERT INTO {} SELECT i, i % 10, i % 7 FROM generate_series(1, 300) i")
+                 .format(pgsql.Identifier(name)))
+    if track:
+        analyze_and_track(conn, name)
+    else:
+        conn.execute(pgsql.SQL("ANALYZE {}").format(pgsql.Identifier(name)))
+
+
+def test_a_repeatable_read_writer_older_than_the_tracking_reaches_the_sketch(db: str) -> None:
+    """Found: a REPEATABLE READ writer whose snapshot predates imp.track_table wrote no audit
+    rows (its trigger looked its table up in that snapshot), and the maintained sketch lost
+    the group it filled: 0 rows instead of 1."""
+    with psycopg.connect(db, autocommit=True) as c, psycopg.connect(db, autocommit=True) as w:
+        _grouped_table(c, "rr_old", track=False)
+        w.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        w.execute("SELECT 1")
+        c.execute("SELECT imp.track_table('rr_old'::regclass)")
+        m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+        try:
+            sid = check(m, c, _hav("rr_old"), None, exact=True).sketch_id
+            w.execute("INSERT INTO rr_old SELECT 1000 + i, 3, 6 FROM generate_series(1, 20) i")
+            w.execute("COMMIT")
+            p = check(m, c, _hav("rr_old"), None, exact=True)
+            assert (p.sketch_id, entry_of(m, sid)["maintenances"]) == (sid, 1)
+        finally:
+            m.close()
+
+
+_BECOMES_CHILD = {
+    "inherit": ["CREATE TABLE bc_parent (id int NOT NULL, g int, v int)",
+                "ALTER TABLE bc INHERIT bc_parent",
+                "UPDATE bc_parent SET v = 6 WHERE g = 3"],
+    "partition": ["CREATE TABLE bc_parent (id int NOT NULL, g int, v int)"
+                  " PARTITION BY RANGE (id)",
+                  "ALTER TABLE bc_parent ATTACH PARTITION bc FOR VALUES FROM (0) TO (100000)",
+                  "INSERT INTO bc_parent SELECT 1000 + i, 3, 6 FROM generate_series(1, 20) i"],
+}
+
+
+@pytest.mark.parametrize("how", sorted(_BECOMES_CHILD))
+def test_a_tracked_table_that_becomes_a_child_is_never_maintained(db: str, how: str) -> None:
+    """A write naming the parent fires the parent's statement triggers only, never the
+    child's audit (found: a group missing after rows came through the parent)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS bc_parent CASCADE")
+        _grouped_table(c, "bc")
+        m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+        try:
+            check(m, c, _hav("bc"), None, exact=True)
+            check(m, c, _hav("bc"), None, exact=True)
+            for step in _BECOMES_CHILD[how]:
+                c.execute(step)
+                check(m, c, _hav("bc"), None, exact=True)
+        finally:
+            m.close()
+            c.execute("DROP TABLE IF EXISTS bc_parent CASCADE")
+
+
+def test_a_renamed_enum_value_is_not_read_as_another_group(db: str) -> None:
+    """The engine holds enum values by label (found: after ALTER TYPE … RENAME VALUE the state
+    counted 'sad' and 'blue' rows as two groups, and the sketch missed the group)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS en_r")
+        c.execute("DROP TYPE IF EXISTS mood_r")
+        c.execute("CREATE TYPE mood_r AS ENUM ('sad', 'ok')")
+        fresh_table(c, "en_r", "id int, g int, m mood_r",
+                    "SELECT i, i % 3, (ARRAY['sad', 'ok'])[1 + i % 2]::mood_r"
+                    " FROM generate_series(1, 600) i")
+        q = "SELECT g, m, count(*) AS n FROM en_r GROUP BY g, m HAVING count(*) > 110"
+        m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+        try:
+            check(m, c, q, None, exact=True)
+            for step in ["INSERT INTO en_r VALUES (1000, 0, 'sad')",
+                         "ALTER TYPE mood_r RENAME VALUE 'sad' TO 'blue'",
+                         "INSERT INTO en_r SELECT 2000 + i, 0, 'blue'"
+                         " FROM generate_series(1, 20) i"]:
+                c.execute(step)
+                check(m, c, q, None, exact=True)
+        finally:
+            m.close()
+
+
+def test_a_column_swap_through_alter_view_is_seen(db: str) -> None:
+    """ALTER VIEW … RENAME COLUMN renames a table's columns too (found: g and v swapped that
+    way, the maintained sketch kept reading the old columns: 0 rows instead of 7)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        _grouped_table(c, "av_swap")
+        m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+        try:
+            check(m, c, _hav("av_swap"), None, exact=True)
+            c.execute("ALTER VIEW av_swap RENAME COLUMN v TO tmp")
+            c.execute("ALTER VIEW av_swap RENAME COLUMN g TO v")
+            c.execute("ALTER VIEW av_swap RENAME COLUMN tmp TO g")
+            c.execute("INSERT INTO av_swap VALUES (5000, 1, 1)")
+            check(m, c, _hav("av_swap"), None, exact=True)
+        finally:
+            m.close()
