@@ -487,6 +487,9 @@ class Router:
                 prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()
                 conn.execute("COMMIT")
+                committed = getattr(self._hook_for(dbname), "committed", None)
+                if committed is not None:
+                    committed()
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # keep the original error
                     conn.execute("ROLLBACK")

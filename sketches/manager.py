@@ -173,7 +173,10 @@ class SketchManager(IncrementalMaintenance):
         self._instances: OrderedDict[tuple[object, ...], TemplateInstance] = OrderedDict()
         self._role_checked: OrderedDict[tuple[str, str], tuple[str, lookup.Relations]] = \
             OrderedDict()
-        self._partitions: dict[tuple[str, str, str], tuple[RangePartition, bool]] = {}
+        # key -> (partition, nullable, thread whose transaction saved it and has not yet
+        # committed, or None)
+        self._partitions: dict[tuple[str, str, str],
+                               tuple[RangePartition, bool, int | None]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
         self._started: str | None = None   # pg_postmaster_start_time(): see server_started
@@ -728,21 +731,40 @@ class SketchManager(IncrementalMaintenance):
         key = (schema, table, column)
         with self._lock:
             cached = self._partitions.get(key)
-        if cached is not None:
-            return cached
+        if cached is not None and cached[2] in (None, threading.get_ident()):
+            return cached[0], cached[1]
         info = column_info(conn, schema, table, column)
         nullable = not info.not_null
         partition = catalog.latest_partition(conn, *key) if self.settings.persist else None
+        owner = None
         if (partition is None or partition.n + 1 > self.settings.fragments
                 or partition.type_name != info.type_name):  # the column's type changed
             partition = build_partition(conn, schema, table, column, self.settings.fragments)
             if self.settings.persist:
                 partition = catalog.save_partition(conn, partition)
                 self._uncommitted().partitions.append(key)
+                owner = threading.get_ident()
             self._remember_own_xid(conn)  # ANALYZE / ALTER … SET STATISTICS ran here
         with self._lock:
-            self._partitions[key] = (partition, nullable)
+            self._partitions[key] = (partition, nullable, owner)
         return partition, nullable
+
+    def committed(self) -> None:
+        """The transaction of this thread's last :meth:`prepare` committed: the partitions it
+        saved serve other threads from now on. Why not at once: another thread's capture
+        transaction cannot see the row yet, and its sketch referring to it failed the
+        foreign key (found: eight first captures of one table at once; the manager took the
+        violation for a lost catalog and forgot every sketch of the database). A caller that
+        never calls this only makes other threads read the partition from the catalog."""
+        done: _Uncommitted | None = getattr(self._txn, "uncommitted", None)
+        if done is None:
+            return
+        me = threading.get_ident()
+        with self._lock:
+            for key in done.partitions:
+                cached = self._partitions.get(key)
+                if cached is not None and cached[2] == me:
+                    self._partitions[key] = (cached[0], cached[1], None)
 
     # ---- catalog ---------------------------------------------------------------------
 
