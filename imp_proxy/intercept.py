@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -57,9 +58,9 @@ log = logging.getLogger(__name__)
 # idle_in_transaction_session_timeout is off for the wrapping: the client's backend waits in
 # it while a service connection prepares (a capture can take seconds), and a client timeout
 # shorter than that ended the session (found: FATAL 25P03 where PostgreSQL ran the query).
-BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ;"
-                  " SET LOCAL idle_in_transaction_session_timeout = 0;"
-                  " SELECT pg_export_snapshot(), "
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
+                  "SET LOCAL idle_in_transaction_session_timeout = 0",
+                  "SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", current_setting('default_transaction_isolation') = 'serializable', "
@@ -69,11 +70,22 @@ NOT_UTF8 = ("the session's client_encoding is not UTF8: the proxy reads the clie
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
                 "wrapping, and a query that reads only some fragments, would hide its reads "
                 "from PostgreSQL's serializable conflict checks")
-CANCEL_STATEMENT = "_imp_cancel"    # PostgreSQL's own cancel, for one asked during a wrapping
-PROBE_STATEMENT = "_imp_probe"      # Parse of the client's SQL to learn its parameter types
-INFERRED_STATEMENT = "_imp_inferred"  # the same without declared types: what PostgreSQL infers
-WRAP_STATEMENT = "_imp_wrapped"     # the instrumented statement the client's Bind is moved to
-CHECK_STATEMENT = "_imp_check"      # privilege checks run as the client (never its unnamed one)
+# A client's statement of the same name would be Closed by the proxy: the names of its own
+# statements end in a random suffix per process.
+_SUFFIX = secrets.token_hex(8)
+CANCEL_STATEMENT = f"_imp_cancel_{_SUFFIX}"      # PostgreSQL's own cancel, during a wrapping
+PROBE_STATEMENT = f"_imp_probe_{_SUFFIX}"        # the client's SQL: its parameter types
+INFERRED_STATEMENT = f"_imp_inferred_{_SUFFIX}"  # the same without declared types
+WRAP_STATEMENT = f"_imp_wrapped_{_SUFFIX}"       # the instrumented SQL the Bind is moved to
+CHECK_STATEMENT = f"_imp_check_{_SUFFIX}"        # privilege checks run as the client
+OWN_STATEMENT = f"_imp_own_{_SUFFIX}"            # BEGIN, SET, SELECT, COMMIT, ROLLBACK
+VERIFY_STATEMENT = f"_imp_verify_{_SUFFIX}"      # is the client's statement the recorded one?
+# The client's named statement (text parameter) holds the probe's SQL and parameter types.
+_VERIFY = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements c,"
+           " pg_catalog.pg_prepared_statements p WHERE c.name = $1 AND p.name = '"
+           + PROBE_STATEMENT + "' AND c.statement = p.statement"
+           " AND c.parameter_types::oid[] = p.parameter_types::oid[])")
+STALE = "the client's statement is not (or no longer) the one the proxy recorded"
 
 
 class Fallback(Exception):
@@ -99,7 +111,9 @@ class BatchShape:
 def batch_shape(data: bytes, pos: int, max_size: int,
                 statements: Mapping[str, tuple[str, tuple[int, ...]]]) -> BatchShape | None:
     """The batch starting at ``pos`` if it is complete in ``data`` and has the one shape the
-    proxy wraps (one Execute without a row limit, on the portal just bound); else None."""
+    proxy wraps (one Execute without a row limit, on the portal just bound); else None.
+    Without a Parse, only a named statement's batch, with the SQL and types ``statements``
+    recorded for it (:func:`begin_and_prepare` checks that the statement still holds them)."""
     frames: list[tuple[int, int, int]] = []
     p = pos
     while len(frames) < 5:
@@ -126,7 +140,7 @@ def batch_shape(data: bytes, pos: int, max_size: int,
         if parse.name != bind.statement:
             return None
         sql, types = parse.sql, parse.param_types
-    elif bind.statement in statements:
+    elif bind.statement and bind.statement in statements:  # the unnamed one cannot be checked
         sql, types = statements[bind.statement]
     else:
         return None
@@ -234,18 +248,46 @@ def _parameter_types(msg: bytes) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ snapshot + prepare
 
-def _probe(sql: str, types: tuple[int, ...]) -> bytes:
+def _own(*sqls: str) -> bytes:
+    """The proxy's fixed statements ``sqls`` in the extended protocol, each Parsed as a
+    proxy-owned named statement, Bound to the unnamed portal, Executed and Closed; first a
+    Close of that name (one left by a failure after its Parse). No Sync.
+
+    Why not a simple Query: PostgreSQL's exec_simple_query drops the client's unnamed
+    prepared statement, which the client may Bind again after the wrapping."""
+    out = codec.encode_close("S", OWN_STATEMENT)
+    for sql in sqls:
+        out += (codec.encode_parse(OWN_STATEMENT, sql)
+                + codec.encode_bind(Bind("", OWN_STATEMENT, (), (), ()))
+                + codec.encode_execute("") + codec.encode_close("S", OWN_STATEMENT))
+    return out
+
+
+_ROLLBACK = _own("ROLLBACK") + codec.encode_sync()
+_DROP_UNNAMED = codec.encode_close("S", "")
+# the statements an error may have left behind (PostgreSQL skips to the Sync)
+_LEFTOVERS = b"".join(codec.encode_close("S", n)
+                      for n in (PROBE_STATEMENT, INFERRED_STATEMENT, VERIFY_STATEMENT))
+
+
+def _probe(sql: str, types: tuple[int, ...], verify: str | None) -> bytes:
     """Parse and Describe of the client's SQL with the types it declared (the statement's
     parameter types) and, when it declared any, without them: the types PostgreSQL infers,
-    which the library's own statements get (:func:`decode_params`). Ends in Sync."""
+    which the library's own statements get (:func:`decode_params`). ``verify``: the name of
+    the client's statement that the batch Binds without a Parse; one DataRow answers
+    whether it holds that SQL with the probe's parameter types (``t``/``f``). No Sync."""
     out = (codec.encode_parse(PROBE_STATEMENT, sql, types)
-           + codec.encode_describe("S", PROBE_STATEMENT)
-           + codec.encode_close("S", PROBE_STATEMENT))
+           + codec.encode_describe("S", PROBE_STATEMENT))
+    if verify is not None:
+        out += (codec.encode_parse(VERIFY_STATEMENT, _VERIFY, (25,))
+                + codec.encode_bind(Bind("", VERIFY_STATEMENT, (), (verify.encode(),), ()))
+                + codec.encode_execute("") + codec.encode_close("S", VERIFY_STATEMENT))
+    out += codec.encode_close("S", PROBE_STATEMENT)
     if any(types):
         out += (codec.encode_parse(INFERRED_STATEMENT, sql)
                 + codec.encode_describe("S", INFERRED_STATEMENT)
                 + codec.encode_close("S", INFERRED_STATEMENT))
-    return out + codec.encode_sync()
+    return out
 
 
 def _first_error(replies: list[tuple[int, bytes]]) -> str | None:
@@ -256,20 +298,25 @@ def _first_error(replies: list[tuple[int, bytes]]) -> str | None:
 
 
 async def _rollback(s: Session) -> None:
-    await s.exchange_with_upstream(codec.encode_query("ROLLBACK"), 1)
+    await s.exchange_with_upstream(_ROLLBACK, 1)
 
 
 async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tuple[int, ...],
-                            explain: bool = False) -> tuple[PrepareOutcome, tuple[int, ...]]:
-    """Steps 1–2 of the wrapping. On return the client's backend is inside the proxy's
-    REPEATABLE READ transaction; on Fallback it has been rolled back. ``explain``: the
-    outcome also carries the heavy backend's choice (IMP EXPLAIN)."""
-    payload = codec.encode_query(BEGIN_SNAPSHOT)
-    ready = 1
+                            explain: bool = False, verify: str | None = None,
+                            drop_unnamed: bool = False
+                            ) -> tuple[PrepareOutcome, tuple[int, ...]]:
+    """Steps 1–2 of the wrapping, the snapshot in one round trip. On return the client's
+    backend is inside the proxy's REPEATABLE READ transaction; on Fallback it has been rolled
+    back. ``explain``: the outcome also carries the heavy backend's choice (IMP EXPLAIN).
+    ``verify`` (with ``bind``): the client's named statement that is to hold ``sql`` with
+    ``types`` as declared; Fallback if it does not (a failed, skipped or deallocated Parse
+    left the proxy's record stale), so PostgreSQL answers the client's messages itself.
+    ``drop_unnamed``: first Close the client's unnamed statement, as PostgreSQL does for the
+    client's simple Query being wrapped, whichever way the wrapping ends."""
+    payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*BEGIN_SNAPSHOT)
     if bind is not None:
-        payload += _probe(sql, types)
-        ready = 2
-    replies = await s.exchange_with_upstream(payload, ready)
+        payload += _probe(sql, types, verify)
+    replies = await s.exchange_with_upstream(payload + codec.encode_sync(), 1)
     err = _first_error(replies)
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
     if err is not None or not rows or rows[0].values[0] is None:
@@ -287,6 +334,9 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     if rows[0].values[5 + len(SESSION_SETTINGS)] != b"UTF8":
         await _rollback(s)
         raise Fallback(NOT_UTF8)
+    if verify is not None and (len(rows) < 2 or rows[1].values[0] != b"t"):
+        await _rollback(s)
+        raise Fallback(STALE)
     params: list[object] | None = None
     if bind is not None:
         described = [_parameter_types(m) for t, m in replies if t == PARAMETER_DESCRIPTION]
@@ -319,8 +369,9 @@ def _forward_original(s: Session, raw: bytes) -> None:
 async def _run_and_commit(s: Session, statement: bytes, ready: int, close: bytes = b"",
                           skip: int = 0) -> bool:
     """Step 3: ``statement`` (messages up to its ``ready`` ReadyForQuery), its replies
-    forwarded, and COMMIT (then ``close``, ending in Sync) in the same write, swallowed; the
-    client then gets the upstream's own ReadyForQuery of that COMMIT.
+    forwarded, and COMMIT (then ``close``: Close messages of the proxy's own, then Sync) in
+    the same write, swallowed; the client then gets the upstream's own ReadyForQuery of that
+    COMMIT. COMMIT goes through the extended protocol (:func:`_own`).
 
     ``skip``: ``statement`` starts with that many Close/Parse messages of the proxy's own,
     whose replies are swallowed. If one of them fails, PostgreSQL skips the rest up to the
@@ -329,9 +380,9 @@ async def _run_and_commit(s: Session, statement: bytes, ready: int, close: bytes
 
     Why in one write: it saves round trips, and COMMIT needs no decision: after an error
     PostgreSQL answers it with ROLLBACK."""
-    end = codec.encode_query("COMMIT") + close
-    final = await s.exchange_with_upstream(statement + end, ready + 1 + bool(close),
-                                           forward=ready, skip=skip)
+    end = _own("COMMIT") + close + codec.encode_sync()
+    final = await s.exchange_with_upstream(statement + end, ready + 1, forward=ready,
+                                           skip=skip)
     # before the statement's ReadyForQuery only the proxy's own replies were kept
     first_ready = next(i for i, (typ, _m) in enumerate(final) if typ == READY_FOR_QUERY)
     failed = _first_error(final[:first_ready])
@@ -430,7 +481,7 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
     _start_wrapping(s)
     try:
         try:
-            outcome, _ = await begin_and_prepare(s, sql, None, ())
+            outcome, _ = await begin_and_prepare(s, sql, None, (), drop_unnamed=True)
         except Fallback as exc:
             if not s.cancelled or not await _cancelled(s, b"", b"", b""):
                 _fell_back(s, raw, exc)
@@ -456,8 +507,9 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
     _start_wrapping(s)
     try:
         try:
-            outcome, types = await begin_and_prepare(s, shape.sql, shape.bind,
-                                                     shape.param_types)
+            outcome, types = await begin_and_prepare(
+                s, shape.sql, shape.bind, shape.param_types,
+                verify=shape.bind.statement if shape.parse is None else None)
             if outcome.instrumented_sql is None or s.cancelled:
                 await _rollback(s)
                 raise Fallback("library chose passthrough")
@@ -476,8 +528,7 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
         bind = codec.encode_bind(replace(shape.bind, statement=WRAP_STATEMENT))
         if not await _run_and_commit(
                 s, ours + shape.parse_raw + bind + shape.describe_raw + shape.execute_raw
-                + shape.sync_raw, 1, codec.encode_close("S", WRAP_STATEMENT) + codec.encode_sync(),
-                skip=2):
+                + shape.sync_raw, 1, codec.encode_close("S", WRAP_STATEMENT), skip=2):
             _fell_back(s, raw, Fallback("instrumented SQL does not parse"))
             return
         _count_outcome(s, outcome)

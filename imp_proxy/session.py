@@ -126,7 +126,9 @@ class Session(LocalAdmin):
         self.local_error = False
         self.admin_stmts: dict[str, admin.AdminCommand] = {}
         self.admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]] = {}
-        # statement name -> (sql, parameter type oids), tracked only while sketching is on
+        # named statement -> (sql, parameter type oids) of its last Parse seen, tracked only
+        # while sketching is on; may be stale (a failed or skipped Parse, DEALLOCATE), so a
+        # wrapping checks it against pg_prepared_statements first
         self.statements: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._shape: intercept.BatchShape | None = None
@@ -344,7 +346,8 @@ class Session(LocalAdmin):
                     msg = codec.decode_parse(bytes(data[pos:end]))
                 except ProtocolViolation:
                     return None  # forwarded: PostgreSQL reports the malformed body itself
-                self.statements[msg.name] = (msg.sql, msg.param_types)
+                if msg.name:  # a Bind of the unnamed statement alone is never wrapped
+                    self.statements[msg.name] = (msg.sql, msg.param_types)
                 if self.idle and self.scanner.status == _IDLE and self._batch_candidate(
                         data, pos, msg.sql):
                     return "wrap"

@@ -1,0 +1,243 @@
+"""The client's prepared statements across the proxy's extended-protocol wrapping: the same
+client messages, sent through the proxy and directly to PostgreSQL, get the same replies.
+
+Found: the proxy's own BEGIN/COMMIT/ROLLBACK as simple Queries dropped the client's unnamed
+statement; its statement names collided with a client's; and a Bind without a Parse was
+wrapped with the SQL of a Parse the proxy had seen, where PostgreSQL's statement held other
+SQL (a failed or skipped Parse) or none (DEALLOCATE, DISCARD ALL, a simple Query)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import pg_extensions
+from imp_proxy.protocol import codec
+from imp_proxy.protocol.messages import Bind
+
+from .rawclient import RawClient
+from .test_sketch_manager import (  # noqa: F401  (fixtures)
+    ldsn,
+    library_proxy,
+    rounds_until_used,
+    stats,
+)
+
+pytest.importorskip("sketches.manager")
+
+Q = "SELECT g, sum(v) AS s, count(*) AS c FROM ps GROUP BY g HAVING count(*) > 150 ORDER BY g"
+Q_ALL = Q.replace("count(*) > 150", "count(*) > 50")
+QP = Q.replace("count(*) > 150", "count(*) > $1")
+
+Msgs = list[tuple[int, bytes]]
+Step = tuple[bytes, int]   # client messages, and how many ReadyForQuery they are answered by
+
+SYNC = codec.encode_sync()
+
+
+def parse(name: str, sql: str, types: tuple[int, ...] = ()) -> bytes:
+    return codec.encode_parse(name, sql, types)
+
+
+def bind(stmt: str, params: tuple[bytes | None, ...] = ()) -> bytes:
+    return codec.encode_bind(Bind("", stmt, (), params, ()))
+
+
+def execute(max_rows: int = 0) -> bytes:
+    return codec.encode_execute("", max_rows)
+
+
+def describe(kind: str, name: str) -> bytes:
+    return codec.encode_describe(kind, name)
+
+
+def query(sql: str) -> bytes:
+    return codec.encode_query(sql)
+
+
+@pytest.fixture(scope="module")
+def env(ldsn: str, db_dsn: str) -> tuple[str, str]:  # noqa: F811
+    """(proxy DSN, direct DSN); a tracked table whose ``Q`` the proxy answers from a sketch."""
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute("CREATE TABLE ps (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute("INSERT INTO ps SELECT i, i % 40, i * 7 % 1000 FROM generate_series(1, 4000) i")
+        d.execute("INSERT INTO ps SELECT 10000 + i, 7, 1 FROM generate_series(1, 300) i")
+        d.execute("ANALYZE ps")
+        pg_extensions.install(d)
+        d.execute("SELECT imp.track_table('ps'::regclass)")
+
+        def one() -> None:
+            assert c.execute(Q).fetchall() == d.execute(Q).fetchall()
+        rounds_until_used(c, one)
+    return ldsn, db_dsn
+
+
+def _client(dsn: str) -> RawClient:
+    p = psycopg.conninfo.conninfo_to_dict(dsn)
+    c = RawClient(str(p.get("host", "127.0.0.1")), int(p.get("port", 5432)), timeout=30)
+    c.startup(str(p.get("user", "postgres")), str(p["dbname"]))
+    return c
+
+
+def _until(c: RawClient, readies: int) -> Msgs:
+    out: Msgs = []
+    while readies:
+        m = c.read()
+        assert m is not None, "the server closed the connection"
+        out.append(m)
+        readies -= m[0] == ord("Z")
+    return out
+
+
+def _run(dsn: str, steps: list[Step]) -> list[Msgs]:
+    """Each step's replies, on a new connection."""
+    c = _client(dsn)
+    try:
+        out = []
+        for data, readies in steps:
+            c.send(data)
+            out.append(_until(c, readies))
+        return out
+    finally:
+        c.close()
+
+
+def _shown(replies: list[Msgs]) -> list[list[str]]:
+    """Comparable: errors by SQLSTATE and message, other messages by their bytes."""
+    def one(t: int, m: bytes) -> str:
+        if t in (ord("E"), ord("N")):
+            f = codec.decode_error_fields(m)
+            return f"{chr(t)} {f.sqlstate} {f.message}"
+        return f"{chr(t)} {m[5:]!r}"
+    return [[one(t, m) for t, m in step] for step in replies]
+
+
+def assert_same_stream(env: tuple[str, str], steps: list[Step],
+                       counter: str = "proxy.wrapped") -> int:
+    """Asserts that the proxy answers ``steps`` as PostgreSQL does; returns how much
+    ``counter`` grew meanwhile."""
+    proxy_dsn, direct_dsn = env
+    direct = _shown(_run(direct_dsn, steps))
+    with psycopg.connect(proxy_dsn, autocommit=True) as c:
+        before = int(stats(c).get(counter, 0))
+        proxied = _shown(_run(proxy_dsn, steps))
+        grew = int(stats(c).get(counter, 0)) - before
+    assert proxied == direct
+    return grew
+
+
+# ------------------------------------------------------------------ the unnamed statement
+
+def test_unnamed_statement_survives_a_wrapped_bind(env: tuple[str, str]) -> None:
+    """A Bind alone of the unnamed statement is not wrapped (its text cannot be checked);
+    the statement is still there for a Describe and a Bind with a row limit after it."""
+    assert_same_stream(env, [(parse("", Q) + SYNC, 1),
+                             (bind("") + execute() + SYNC, 1),
+                             (describe("S", "") + SYNC, 1),
+                             (bind("") + execute(1) + SYNC, 1)])
+
+
+def test_unnamed_statement_survives_a_wrapped_named_batch(env: tuple[str, str]) -> None:
+    """The proxy's BEGIN and COMMIT of a wrapping go through the extended protocol with its
+    own named statements: a simple Query would drop the client's unnamed statement."""
+    used = assert_same_stream(env, [(parse("", Q_ALL) + SYNC, 1),
+                                    (parse("w1", Q) + bind("w1") + execute() + SYNC, 1),
+                                    (bind("") + execute(1) + SYNC, 1)], "proxy.used")
+    assert used == 1
+
+
+def test_describe_statement_in_a_wrapped_bind_batch(env: tuple[str, str]) -> None:
+    assert_same_stream(env, [(parse("", Q) + SYNC, 1),
+                             (bind("") + describe("S", "") + execute() + SYNC, 1)])
+
+
+def test_fallback_after_snapshot_keeps_the_unnamed_statement(env: tuple[str, str]) -> None:
+    """A float4 parameter cannot be decoded: the wrapping falls back after the snapshot (and
+    rolls it back), then sends the client's batch; the unnamed statement is still there."""
+    fallbacks = assert_same_stream(
+        env, [(parse("", Q_ALL) + SYNC, 1),
+              (parse("f1", QP, (700,)) + bind("f1", (b"150",)) + execute() + SYNC, 1),
+              (bind("") + execute(1) + SYNC, 1),
+              (parse("", QP, (700,)) + SYNC, 1),
+              (bind("", (b"150",)) + execute() + SYNC, 1)], "proxy.fallbacks")
+    assert fallbacks == 1
+
+
+def test_simple_query_drops_the_unnamed_statement(env: tuple[str, str]) -> None:
+    assert_same_stream(env, [(parse("", Q) + SYNC, 1),
+                             (query("SELECT 1"), 1),
+                             (bind("") + execute() + SYNC, 1)])
+
+
+def _value(replies: Msgs, key: str) -> bytes | None:
+    for t, m in replies:
+        if t == ord("D"):
+            row = codec.decode_data_row(m).values
+            if row[0] == key.encode():
+                return row[1]
+    raise AssertionError(f"no {key} in {replies}")
+
+
+def test_imp_explain_keeps_the_unnamed_statement(env: tuple[str, str]) -> None:
+    """IMP EXPLAIN, answered by the proxy, runs the snapshot steps on the client's backend."""
+    proxy_dsn, direct_dsn = env
+    first, last = (parse("", Q) + SYNC, 1), (bind("") + execute(1) + SYNC, 1)
+    explain = (parse("e", "IMP EXPLAIN " + Q) + bind("e") + execute() + SYNC, 1)
+    proxied = _run(proxy_dsn, [first, explain, last])
+    assert _value(proxied[1], "decision") in (b"use", b"capture")
+    assert _shown([proxied[0], proxied[2]]) == _shown(_run(direct_dsn, [first, last]))
+
+
+# ------------------------------------------------------------------ named statements
+
+def test_client_statement_named_like_the_proxys_own(env: tuple[str, str]) -> None:
+    assert_same_stream(env, [(parse("_imp_wrapped", "SELECT 42 AS x") + SYNC, 1),
+                             (parse("", Q) + bind("") + describe("P", "") + execute() + SYNC,
+                              1),
+                             (bind("_imp_wrapped") + execute() + SYNC, 1)])
+
+
+def test_failed_parse_of_an_existing_name_keeps_the_old_statement(env: tuple[str, str]
+                                                                  ) -> None:
+    """42P05: ``s1`` still holds ``Q``, not the ``Q_ALL`` of the failed Parse."""
+    fallbacks = assert_same_stream(env, [(parse("s1", Q) + SYNC, 1),
+                                         (parse("s1", Q_ALL) + SYNC, 1),
+                                         (bind("s1") + execute() + SYNC, 1)], "proxy.fallbacks")
+    assert fallbacks == 1
+
+
+@pytest.mark.parametrize("drop", ["DEALLOCATE s2", "DEALLOCATE ALL", "DISCARD ALL"])
+def test_deallocated_statement_is_not_run(env: tuple[str, str], drop: str) -> None:
+    assert_same_stream(env, [(parse("s2", Q) + SYNC, 1),
+                             (query(drop), 1),
+                             (bind("s2") + execute() + SYNC, 1)])
+
+
+def test_parse_skipped_after_an_error_in_the_pipeline(env: tuple[str, str]) -> None:
+    """PostgreSQL skips a Parse after an error until the Sync: ``s9`` never exists."""
+    assert_same_stream(env, [(parse("", "SELECT 1/0") + bind("") + execute() + parse("s9", Q)
+                              + SYNC, 1),
+                             (bind("s9") + execute() + SYNC, 1)])
+
+
+def test_valid_named_statement_is_still_wrapped(env: tuple[str, str]) -> None:
+    """A Bind alone of a named statement that still holds the recorded SQL is wrapped and
+    answered from the sketch, with and without a Describe."""
+    used = assert_same_stream(env, [(parse("v1", Q) + SYNC, 1),
+                                    (bind("v1") + describe("P", "") + execute() + SYNC, 1),
+                                    (bind("v1") + describe("S", "v1") + execute() + SYNC, 1)],
+                              "proxy.used")
+    assert used == 2
+
+
+@pytest.mark.parametrize("types", [(), (20,)], ids=["inferred", "declared"])
+def test_valid_named_statement_with_a_parameter_is_used(env: tuple[str, str],
+                                                        types: tuple[int, ...]) -> None:
+    proxy_dsn, _direct = env
+    steps = [(parse("v2", QP, types) + SYNC, 1), (bind("v2", (b"150",)) + execute() + SYNC, 1)]
+
+    def one_round() -> None:
+        assert_same_stream(env, steps)
+    with psycopg.connect(proxy_dsn, autocommit=True) as c:
+        rounds_until_used(c, one_round)
