@@ -398,7 +398,8 @@ class Router:
                       snapshot_text: str | None = None,
                       settings: tuple[str, ...] | None = None,
                       started: str | None = None,
-                      cancel: Callable[[], ServiceCancel] | None = None) -> PrepareOutcome:
+                      cancel: Callable[[], ServiceCancel] | None = None,
+                      lock_timeout: str = "0") -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -413,7 +414,9 @@ class Router:
         ``server_started``) before anything is answered from memory. ``cancel``: called (on
         the event loop) when the prepare goes to a service connection, for the
         :class:`ServiceCancel` that lets the client's CancelRequest interrupt its work (an
-        answer from memory needs none)."""
+        answer from memory needs none). ``lock_timeout``: the client's, which the service
+        transaction takes too: a capture waiting longer for a lock fails and the client's own
+        query meets the lock under its own timeout."""
         hook = self._hook_for(dbname)
         if started:
             note = getattr(hook, "server_started", None)
@@ -437,13 +440,14 @@ class Router:
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
                                        sql, params, explain, snapshot_text, settings,
-                                       cancel() if cancel is not None else None)
+                                       cancel() if cancel is not None else None, lock_timeout)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
                           snapshot_text: str | None = None,
                           settings: tuple[str, ...] | None = None,
-                          cancel: ServiceCancel | None = None) -> PrepareOutcome:
+                          cancel: ServiceCancel | None = None,
+                          lock_timeout: str = "0") -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
         imported, instead of reading it — and ``prepare(…, stop=)``: the cancel's event, which
@@ -465,6 +469,9 @@ class Router:
             if search_path is not None:
                 setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
                     pgsql.Literal(search_path)))
+            if lock_timeout != "0":
+                setup.append(pgsql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
+                    pgsql.Literal(lock_timeout)))
             setup.append(_READ_UNREPORTED)
             prepared = False
             try:

@@ -419,8 +419,12 @@ class Session(LocalAdmin):
         service connection preparing the query is cancelled too (:class:`ServiceCancel`)."""
         if self.wrapping:
             self.cancelled = True
-            if self.service_cancel is not None:
-                self._spawn(asyncio.to_thread(self.service_cancel.cancel))
+            self.cancel_service()
+
+    def cancel_service(self) -> None:
+        """Interrupts the wrapping's work on a service connection, if it went to one."""
+        if self.service_cancel is not None:
+            self._spawn(asyncio.to_thread(self.service_cancel.cancel))
 
     def new_service_cancel(self) -> ServiceCancel:
         """The :class:`ServiceCancel` of the wrapping's prepare, made when it goes to a

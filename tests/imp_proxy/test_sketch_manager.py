@@ -444,3 +444,41 @@ def test_unix_socket_upstream(start_proxy: StartProxy, pg_server: Any, db_dsn: s
             c.execute("SELECT pg_sleep(30)")
         timer.join()
         assert c.execute("SELECT 1").fetchone() == (1,)
+
+
+def _rows_or_error(c: psycopg.Connection[Any], q: str) -> tuple[str, object]:
+    try:
+        return "rows", c.execute(q).fetchall()
+    except psycopg.Error as exc:
+        return "error", exc.sqlstate
+
+
+@pytest.mark.parametrize("setting", ["lock_timeout", "statement_timeout"])
+def test_a_clients_timeout_holds_while_a_capture_waits(db_dsn: str, library_proxy: ProxyProcess,
+                                                       setting: str) -> None:
+    """Found: the capture waited on a service connection for a lock another session held,
+    the client's backend idle in the proxy's transaction, where neither timeout counts: rows
+    after 3.7 s where PostgreSQL fails at 0.3 s (no end while the lock stays). Now the client
+    gets PostgreSQL's own error for its own query."""
+    table = f"to_{setting[:4]}"
+    q = f"SELECT g, count(*) FROM {table} GROUP BY g HAVING count(*) > 150 ORDER BY g"
+    with psycopg.connect(db_dsn, autocommit=True) as d:
+        d.execute(f"DROP TABLE IF EXISTS {table}")
+        d.execute(f"CREATE TABLE {table} AS SELECT i AS id, i % 10 AS g FROM"
+                  " generate_series(1, 2000) i")
+        d.execute(f"ANALYZE {table}")
+    outcomes = {}
+    with psycopg.connect(db_dsn) as locker:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        release = threading.Timer(6.0, locker.rollback)   # else the old code never answers
+        release.start()
+        try:
+            for name, dsn in (("direct", db_dsn),
+                              ("proxy", via_proxy(db_dsn, library_proxy.port))):
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    c.execute(f"SET {setting} = '300ms'")
+                    outcomes[name] = _rows_or_error(c, q)
+        finally:
+            release.join()
+    assert outcomes["direct"] == ("error", "55P03" if setting == "lock_timeout" else "57014")
+    assert outcomes["proxy"] == outcomes["direct"]
