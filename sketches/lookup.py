@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql as psql
 
 from sketches.safety import SafeAttribute
-from sketches.sql import ColumnResolver, QueryAnalysis
+from sketches.sql import ColumnRef, ColumnResolver, QueryAnalysis, raising
 
 _ROLE_FUNCTIONS = re.compile(
     r"\b(current_user|session_user|current_role|user|current_setting|pg_has_role"
@@ -70,6 +70,30 @@ def column_types(conn: psycopg.Connection[Any],
         " AND a.attname = u.c AND NOT a.attisdropped ORDER BY u.i",
         ([c[0] for c in columns], [c[1] for c in columns], [c[2] for c in columns])).fetchall()
     return [None if r[0] is None else int(r[0]) for r in rows]
+
+
+def raising_catalog(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> raising.Catalog:
+    """What :func:`sketches.sql.raising.refusal` reads from the catalog for ``analysis``,
+    resolved through the connection's search_path (no round trip when it reads nothing)."""
+    names = raising.named_types(analysis)
+    categories: dict[str, str | None] = {}
+    if names:
+        rows = conn.execute("SELECT u.n, y.typcategory FROM unnest(%s::text[]) AS u(n)"
+                            " LEFT JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(u.n)",
+                            (list(names),)).fetchall()
+        categories = {str(n): None if c is None else str(c) for n, c in rows}
+    return raising.Catalog(_types_of(conn, analysis, raising.typed_columns(analysis)),
+                           categories)
+
+
+def _types_of(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+              columns: Sequence[ColumnRef]) -> dict[ColumnRef, int | None]:
+    """The type oid of each of ``columns`` (None: not a base table's column)."""
+    tables = {c.table: resolve_table(conn, analysis.tables[c.table].schema,
+                                     analysis.tables[c.table].name) for c in columns}
+    named = [(c, (*name, c.column)) for c in columns if (name := tables[c.table]) is not None]
+    found = column_types(conn, [n for _c, n in named])
+    return {**dict.fromkeys(columns), **dict(zip((c for c, _n in named), found, strict=True))}
 
 
 EFFECTIVE_SEARCH_PATH = ("array_to_string(ARRAY(SELECT quote_ident(s)"

@@ -56,7 +56,14 @@ from sketches.maintained import Entry as _Entry
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import RangePartition, build_partition, column_info
-from sketches.safety import SafeAttribute, Safety, check, equivalence_classes, exact_equalities
+from sketches.safety import (
+    SafeAttribute,
+    Safety,
+    check,
+    equivalence_classes,
+    errors_kept,
+    exact_equalities,
+)
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.grammar import reads_the_clock
@@ -558,7 +565,8 @@ class SketchManager(IncrementalMaintenance):
 
     def _analyse(self, conn: psycopg.Connection[Any], sql: str,
                  search_path: str | None = None) -> tuple[QueryAnalysis, Safety]:
-        """Analysis with the catalog, cached by (text, search_path); ``search_path``: the
+        """Analysis with the catalog (also the column types rule 5 of
+        :mod:`sketches.safety` reads), cached by (text, search_path); ``search_path``: the
         one in force on conn (read when None)."""
         if search_path is None:
             row = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH).fetchone()
@@ -570,7 +578,10 @@ class SketchManager(IncrementalMaintenance):
                 self._analysed.move_to_end(key)
                 return hit
         analysis = analyse(sql, lookup.resolver(conn))
-        result = (analysis, check(analysis))
+        safety = check(analysis)
+        if safety.sketchable:
+            safety = errors_kept(analysis, safety, lookup.raising_catalog(conn, analysis))
+        result = (analysis, safety)
         with self._lock:
             self._analysed[key] = result
             while len(self._analysed) > self.settings.classify_cache_size:

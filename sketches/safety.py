@@ -49,6 +49,15 @@ in every partition):
 4. Attributes that only occur in aggregate arguments, WHERE or expressions are not safe in
    general (an added fragment can add rows to a group that was in the result). Anything else:
    not sketched.
+
+5. **Errors** (:func:`errors_kept`): the proofs above equate results, but Q over ``R|S``
+   also evaluates fewer rows and groups than Q. PostgreSQL evaluates a top-k's select list
+   below its Sort for every row (every group of a top-k over groups) and every aggregate's
+   argument for every row, so Q raises an error on a row or group outside S that Q over
+   ``R|S`` never sees. Such an expression is allowed only when it cannot raise or when the
+   capture and the maintenance evaluate it on every row or group anyway (WHERE, join and
+   group keys, HAVING, ORDER BY keys: an error there recaptures, and the failing capture
+   passes the query through). Rules in :mod:`sketches.sql.raising`.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sketches.sql import raising
 from sketches.sql.model import ColumnRef, QueryAnalysis
 
 
@@ -166,3 +176,13 @@ def check(analysis: QueryAnalysis) -> Safety:
                 safe.append(SafeAttribute(col, key, rule))
     names = ", ".join(analysis.qualified(s.column) for s in safe)
     return Safety(True, f"safe ({rule}): {names}", tuple(safe))
+
+
+def errors_kept(analysis: QueryAnalysis, safety: Safety, catalog: raising.Catalog) -> Safety:
+    """``safety``, unless the instrumented query could skip an error the original raises or a
+    stored value reads the clock (rule 5; ``catalog``: see
+    :class:`sketches.sql.raising.Catalog`)."""
+    if not safety.sketchable:
+        return safety
+    reason = raising.refusal(analysis, catalog)
+    return safety if reason is None else Safety(False, reason, ())

@@ -292,11 +292,16 @@ class _Analyser:
 
     def _positional(self, node: ast.Node, outputs: list[tuple[str | None, Expression]],
                     clause: str) -> Expression | None:
+        """The output a ``GROUP BY 2`` / ``ORDER BY 2`` names. A ``*`` expands to every
+        column of its tables, so positions from the first ``*`` on are refused."""
         if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Integer):
             pos = node.val.ival
-            if not 1 <= pos <= len(outputs) or outputs[pos - 1][0] is None and \
-                    outputs[pos - 1][1].sql == "*":
-                raise UnsupportedQuery(f"{clause} position {pos} not in the select list")
+            star = next((i for i, (n, e) in enumerate(outputs) if n is None and e.sql == "*"),
+                        len(outputs))
+            if not 1 <= pos <= star:
+                where = "before its first *" if star < len(outputs) else ""
+                raise UnsupportedQuery(f"{clause} position {pos} not in the select list {where}"
+                                       .rstrip())
             return outputs[pos - 1][1]
         return None
 

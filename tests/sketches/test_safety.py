@@ -11,8 +11,9 @@ import pytest
 from sketches.capture import CaptureTarget, capture
 from sketches.instrument import instrument
 from sketches.ranges import build_partition
-from sketches.safety import check, equivalence_classes, exact_equalities
+from sketches.safety import check, equivalence_classes, errors_kept, exact_equalities
 from sketches.sql import ColumnRef, analyse
+from sketches.sql.raising import Catalog
 
 COLUMNS = {"t": ["id", "g", "v", "s"], "dim": ["id", "k", "w"], "u": ["a", "b"]}
 
@@ -106,3 +107,92 @@ def test_exact_equalities(types: tuple[int | None, ...], exact: bool) -> None:
     """Only equalities that compare the columns' own values (no cast that can merge values)
     let a join-equivalent column carry a sketch."""
     assert exact_equalities(types) is exact
+
+
+TYPES = {"id": 23, "g": 23, "v": 23, "s": 25, "n": 20, "w": 1700, "f": 701, "ts": 1114,
+         "d": 1082, "c": 16500}
+"""Column types of table ``e`` (oids): integers, text, numeric, float8, timestamp, date and
+a user-created type (a domain over text, citext)."""
+
+
+def errors_verdict(sql: str) -> str | None:
+    """The reason rule 5 refuses ``sql`` over ``e`` (None: still sketchable)."""
+    a = analyse(sql, lambda s, t: list(TYPES) if t == "e" else None)
+    verdict = check(a)
+    assert verdict.sketchable, verdict.reason
+    catalog = Catalog({ColumnRef(0, c): o for c, o in TYPES.items()},
+                      {"ext.citext": "S", "public.stamp": "D", "integer[]": "A"})
+    kept = errors_kept(a, verdict, catalog)
+    return None if kept.sketchable else kept.reason
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT id, 10 / (v - 5) AS x FROM e ORDER BY id LIMIT 3",
+    "SELECT id, s::int FROM e ORDER BY g DESC, id LIMIT 3",
+    "SELECT id, v + 1 FROM e ORDER BY id LIMIT 3",
+    "SELECT id, n::int FROM e ORDER BY id LIMIT 3",
+    "SELECT id, f::numeric FROM e ORDER BY id LIMIT 3",
+    "SELECT id, w::numeric(5, 2) FROM e ORDER BY id LIMIT 3",
+    "SELECT id, w > f FROM e ORDER BY id LIMIT 3",
+    "SELECT id, CASE WHEN g > 1 THEN w ELSE f END FROM e ORDER BY id LIMIT 3",
+    "SELECT id, lower(s) FROM e ORDER BY id LIMIT 3",
+    "SELECT id, s LIKE 'a%' FROM e ORDER BY id LIMIT 3",
+    "SELECT id, v = $1 FROM e ORDER BY id LIMIT 3",
+    "SELECT g, sum(v), max(10 / (v - 5)) FROM e GROUP BY g HAVING sum(v) > 3050",
+    "SELECT g, sum(f) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, avg(f) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(v + 1) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(v), count(s::int) FROM e GROUP BY g ORDER BY sum(v) DESC LIMIT 2",
+    "SELECT g, sum(v) AS s, 10 / (g + 5) AS z FROM e GROUP BY g ORDER BY s DESC LIMIT 2",
+    "SELECT g, sum(v) / count(*) AS m FROM e GROUP BY g ORDER BY sum(v) DESC LIMIT 2",
+])
+def test_errors_a_sketch_could_skip_are_refused(sql: str) -> None:
+    """Rule 5: PostgreSQL evaluates a top-k's select list for every row (every group) and
+    every aggregate for every row; these may raise where the sketch reads nothing."""
+    assert errors_verdict(sql) is not None
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM e ORDER BY id LIMIT 3",
+    "SELECT id, g, s, v > 3 AS b, v::bigint, g::numeric, v::float8, f::text, s::varchar,"
+    " s IS NULL, coalesce(v, n, 0), CASE WHEN v > 1 THEN w ELSE v END, v IN (1, 2),"
+    " NOT (v > 1 OR s = 'a'), s COLLATE \"C\" FROM e ORDER BY id LIMIT 3",
+    "SELECT id, v * 2 AS d FROM e ORDER BY id, d DESC LIMIT 3",
+    "SELECT DISTINCT g, v * 2 AS d FROM e ORDER BY g LIMIT 3",
+    "SELECT g, count(*), count(s), min(s), max(ts), sum(v), sum(n), avg(w) FROM e"
+    " GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(f), max(10 / (v - 5)) FROM e GROUP BY g"
+    " HAVING sum(f) > 3 AND max(10 / (v - 5)) > 1",
+    "SELECT g, sum(v) / count(*) AS m, 10 / g FROM e GROUP BY g HAVING count(*) > 2",
+    "SELECT g, sum(f) AS t, sum(f) * 2 AS x FROM e GROUP BY g ORDER BY x DESC, t LIMIT 2",
+    "SELECT g, sum(v) / count(*) AS m FROM e GROUP BY g ORDER BY m DESC LIMIT 2",
+    "SELECT id, v FROM e WHERE 10 / v > 1 ORDER BY id LIMIT 3",
+    "SELECT g, count(*) FROM e WHERE ts::date > '2020-01-01' AND d::timestamp < ts"
+    " AND date_trunc('day', ts)::date IS NOT NULL AND s::interval > '1 day'"
+    " AND s::ext.citext = 'a' GROUP BY g HAVING count(*) > 1",
+])
+def test_expressions_that_cannot_raise_or_are_evaluated_anyway_are_kept(sql: str) -> None:
+    """Plain columns and aggregates, widening casts, comparisons of one type family; and
+    what the capture and the maintenance evaluate on every row or group anyway: WHERE,
+    HAVING with its aggregates, ORDER BY keys."""
+    assert errors_verdict(sql) is None
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT g, count(*) FROM e WHERE s::timestamptz > '2020-01-01' GROUP BY g"
+    " HAVING count(*) > 0",
+    "SELECT g, count(*) FROM e WHERE CAST(s AS date) IS NULL GROUP BY g",
+    "SELECT g, count(*) FROM e WHERE (s || '')::time IS NULL GROUP BY g",
+    "SELECT g, count(*) FROM e WHERE s::tstzrange IS NULL GROUP BY g",
+    "SELECT g, count(*) FROM e WHERE s::timestamptz[] IS NULL GROUP BY g",
+    "SELECT id, s FROM e ORDER BY id, upper(s)::timestamp LIMIT 3",
+    "SELECT g, max(coalesce(s, '2020-01-01')::date) FROM e GROUP BY g HAVING count(*) > 1",
+    "SELECT g, count(*) FROM e WHERE c::timestamptz IS NULL GROUP BY g",
+    "SELECT g, count(*) FROM e WHERE s::public.stamp IS NULL GROUP BY g",
+    "SELECT g, count(*) FROM e WHERE s::unknown_type IS NULL GROUP BY g",
+])
+def test_casts_of_stored_text_to_date_time_types_are_refused(sql: str) -> None:
+    """A stored 'now' read as a date or time is another instant in every transaction while
+    nothing is written, so no sketch of the query stays exact."""
+    reason = errors_verdict(sql)
+    assert reason is not None and "read the clock" in reason

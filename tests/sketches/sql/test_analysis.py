@@ -191,3 +191,18 @@ def test_the_types_of_casts_are_collected() -> None:
 def test_quoted_or_qualified_names_are_not_the_built_ins(sql: str) -> None:
     with pytest.raises(UnsupportedQuery):
         analyse(sql)
+
+
+@pytest.mark.parametrize("sql", ["SELECT *, v FROM t ORDER BY 2, id LIMIT 3",
+                                 "SELECT g, *, v FROM t ORDER BY 3 LIMIT 3",
+                                 "SELECT *, g FROM t GROUP BY 2"])
+def test_positions_from_a_star_on_are_refused(sql: str) -> None:
+    """A ``*`` is as many output columns as its tables have: ``ORDER BY 2`` after it names
+    the table's second column, not the next select item."""
+    with pytest.raises(UnsupportedQuery, match="before its first"):
+        analyse(sql, resolver)
+
+
+def test_positions_before_a_star_are_kept() -> None:
+    a = analyse("SELECT v, * FROM t ORDER BY 1, id LIMIT 3", resolver)
+    assert a.order_by[0].expr.column == ColumnRef(0, "v") and a.order_by[0].output == 0
