@@ -392,7 +392,7 @@ def _forward_original(s: Session, raw: bytes) -> None:
 
 
 async def _run_and_commit(s: Session, statement: bytes, ready: int, close: bytes = b"",
-                          skip: int = 0) -> bool:
+                          skip: int = 0, hold: bool = False) -> bool:
     """Step 3: ``statement`` (messages up to its ``ready`` ReadyForQuery), its replies
     forwarded, and COMMIT (then ``close``: Close messages of the proxy's own, then Sync) in
     the same write, swallowed; the client then gets the upstream's own ReadyForQuery of that
@@ -403,11 +403,15 @@ async def _run_and_commit(s: Session, statement: bytes, ready: int, close: bytes
     Sync, nothing reaches the client and False is returned: the transaction is rolled back
     (COMMIT answers ROLLBACK) and the client's messages are still to be sent.
 
+    ``hold``: an error with a position before the statement's first row description (an
+    error in the SQL text, whose position counts in the instrumented text, not the client's)
+    is not forwarded either: False is returned, and the client's query is still to be sent.
+
     Why in one write: it saves round trips, and COMMIT needs no decision: after an error
     PostgreSQL answers it with ROLLBACK."""
     end = _own("COMMIT") + close + codec.encode_sync()
     final = await s.exchange_with_upstream(statement + end, ready + 1, forward=ready,
-                                           skip=skip)
+                                           skip=skip, hold=hold)
     # before the statement's ReadyForQuery only the proxy's own replies were kept
     first_ready = next(i for i, (typ, _m) in enumerate(final) if typ == READY_FOR_QUERY)
     failed = _first_error(final[:first_ready])
@@ -517,7 +521,10 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
                 _forward_original(s, raw)
             return
         _count_outcome(s, outcome)
-        await _run_and_commit(s, codec.encode_query(outcome.instrumented_sql), 1)
+        if not await _run_and_commit(s, codec.encode_query(outcome.instrumented_sql), 1,
+                                     hold=True):
+            # found: 42501 on a schema pointed into the re-printed text, not the client's
+            _fell_back(s, raw, Fallback("the instrumented SQL failed at a position"))
     finally:
         _end_wrapping(s)
 

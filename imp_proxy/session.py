@@ -43,6 +43,7 @@ from .protocol.messages import (
     EXECUTE,
     FLUSH,
     FUNCTION_CALL,
+    NOTICE_RESPONSE,
     NOTIFICATION_RESPONSE,
     PARAMETER_STATUS,
     PARSE,
@@ -81,13 +82,16 @@ class Phase(enum.Enum):
 class _Exchange:
     """Replies the proxy awaits for messages it sent itself."""
 
-    __slots__ = ("ready_left", "forward", "skip", "messages", "future")
+    __slots__ = ("ready_left", "forward", "skip", "held", "messages", "future")
 
     def __init__(self, ready: int, forward: int, future: asyncio.Future[list[tuple[int, bytes]]],
-                 skip: int = 0):
+                 skip: int = 0, hold: bool = False):
         self.ready_left = ready
         self.forward = forward  # ReadyForQuery messages left before forwarding stops
         self.skip = skip        # CloseComplete/ParseComplete replies kept before forwarding
+        # notices held back until the forwarded statement's first other reply (None: not
+        # holding): an error with a position before it is kept, not forwarded
+        self.held: list[bytes] | None = [] if hold else None
         self.messages: list[tuple[int, bytes]] = []
         self.future = future
 
@@ -446,7 +450,8 @@ class Session(LocalAdmin):
             self.scanner.feed(rest)
 
     async def exchange_with_upstream(self, payload: bytes, ready: int, forward: int = 0,
-                                     skip: int = 0) -> list[tuple[int, bytes]]:
+                                     skip: int = 0, hold: bool = False
+                                     ) -> list[tuple[int, bytes]]:
         """Sends ``payload`` upstream and collects replies up to the ``ready``-th ReadyForQuery.
 
         Replies are returned (swallowed) except asynchronous NotificationResponse and
@@ -454,13 +459,15 @@ class Session(LocalAdmin):
         ``forward``-th ReadyForQuery: those, but the ReadyForQuery, are forwarded to the
         client as they arrive — once ``skip`` CloseComplete/ParseComplete replies (of
         messages the proxy put first) were returned. An ErrorResponse among those stops all
-        forwarding.
+        forwarding. ``hold``: an ErrorResponse with a position (an error in the SQL text: the
+        position counts in the proxy's text, not the client's) that comes before any other
+        forwarded reply but notices is returned instead, and stops all forwarding.
         """
         if self.upstream is None or self.upstream.is_closing():
             raise UpstreamError("upstream connection is closed")
         assert self.reader is not None and self.exchange is None
         fut: asyncio.Future[list[tuple[int, bytes]]] = self.loop.create_future()
-        self.exchange = _Exchange(ready, forward, fut, skip)
+        self.exchange = _Exchange(ready, forward, fut, skip, hold)
         self.upstream.write(payload)
         return await fut
 
@@ -500,6 +507,9 @@ class Session(LocalAdmin):
                 ex.ready_left -= 1
                 if ex.forward:
                     ex.forward -= 1
+                    if ex.held:   # notices only: nothing else to wait for
+                        out.extend(ex.held)
+                    ex.held = None
                 if ex.ready_left == 0:
                     self.scanner.status = msg[5]
                     self.exchange = None
@@ -512,12 +522,31 @@ class Session(LocalAdmin):
                     ex.skip = ex.forward = 0
                 elif typ in (CLOSE_COMPLETE, PARSE_COMPLETE):
                     ex.skip -= 1
+            elif ex.held is not None and ex.forward and typ not in (NOTIFICATION_RESPONSE,
+                                                                    PARAMETER_STATUS):
+                self._held_reply(ex, typ, msg, out)
             elif ex.forward or typ in (NOTIFICATION_RESPONSE, PARAMETER_STATUS):
                 out.append(msg)
             else:
                 ex.messages.append((typ, msg))
         if out:
             self.client.write(b"".join(out))
+
+    @staticmethod
+    def _held_reply(ex: _Exchange, typ: int, msg: bytes, out: list[bytes]) -> None:
+        """One reply of a statement whose first replies are held (``exchange_with_upstream``)."""
+        assert ex.held is not None
+        if typ == NOTICE_RESPONSE:
+            ex.held.append(msg)
+            return
+        if typ == ERROR_RESPONSE and "P" in codec.decode_error_fields(msg).fields:
+            ex.messages.append((typ, msg))
+            ex.forward = 0
+            ex.held = None
+            return
+        out.extend(ex.held)
+        out.append(msg)
+        ex.held = None
 
     def _auth_messages(self, msgs: list[tuple[int, bytes]]) -> None:
         out: list[bytes] = []

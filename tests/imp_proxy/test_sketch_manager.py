@@ -482,3 +482,44 @@ def test_a_clients_timeout_holds_while_a_capture_waits(db_dsn: str, library_prox
             release.join()
     assert outcomes["direct"] == ("error", "55P03" if setting == "lock_timeout" else "57014")
     assert outcomes["proxy"] == outcomes["direct"]
+
+
+def test_an_error_in_the_sql_text_points_into_the_clients_text(ldsn: str, db_dsn: str) -> None:
+    """Found: a role without USAGE on the table's schema got 42501 with a position counted in
+    the proxy's re-printed instrumented text (25 where PostgreSQL says 30), so psql's caret
+    pointed elsewhere. Such an error now sends the client's own query instead."""
+    role = "imp_no_usage"
+    text = ("select   g,count(*)   from   nu.pt   group by g having count(*) > 150"
+            " order by g")
+
+    def error(c: psycopg.Connection[Any]) -> tuple[object, ...]:
+        with pytest.raises(psycopg.Error) as caught:
+            c.execute(text)
+        diag = caught.value.diag
+        return caught.value.sqlstate, diag.message_primary, diag.statement_position
+
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute("CREATE SCHEMA IF NOT EXISTS nu")
+        d.execute("DROP TABLE IF EXISTS nu.pt")
+        d.execute("CREATE TABLE nu.pt AS SELECT i AS id, i % 10 AS g FROM"
+                  " generate_series(1, 3000) i")
+        d.execute("ANALYZE nu.pt")
+        d.execute(f"DROP ROLE IF EXISTS {role}")
+        d.execute(f"CREATE ROLE {role} LOGIN")
+        rounds_until_used(c, lambda: _same_rows_as(c, d, text))
+    try:
+        with psycopg.connect(psycopg.conninfo.make_conninfo(db_dsn, user=role),
+                             autocommit=True) as rd, \
+                psycopg.connect(psycopg.conninfo.make_conninfo(ldsn, user=role),
+                                autocommit=True) as rc:
+            before = stats(rc)
+            direct, proxied = error(rd), error(rc)
+            after = stats(rc)
+        assert direct[0] == "42501" and direct[2] is not None
+        assert proxied == direct
+        assert int(after["proxy.wrapped"]) > int(before["proxy.wrapped"])
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as d:
+            d.execute(f"DROP OWNED BY {role}")
+            d.execute(f"DROP ROLE {role}")
