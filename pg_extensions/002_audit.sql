@@ -81,11 +81,25 @@ END $$;
 
 -- (Re)creates the audit triggers of `rel` auditing `cols` (in the triggers' arguments). CREATE OR
 -- REPLACE TRIGGER sets them back to fire on origin only: callers run imp._audit_always after.
+-- Triggers that already audit `cols` are left alone: replacing them takes a SHARE ROW EXCLUSIVE
+-- lock, and after an ALTER TABLE that took a weaker one (SET STATISTICS, which a capture runs)
+-- that waited for a writer whose audit trigger waited for the rebuilt audit table: a deadlock.
 CREATE OR REPLACE FUNCTION imp._create_audit_triggers(rel regclass, cols text[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE args text := (SELECT coalesce(string_agg(quote_literal(c), ', ' ORDER BY i), '')
-                      FROM unnest(cols) WITH ORDINALITY AS u(c, i));
+DECLARE
+    args text := (SELECT coalesce(string_agg(quote_literal(c), ', ' ORDER BY i), '')
+                  FROM unnest(cols) WITH ORDINALITY AS u(c, i));
+    raw bytea := (SELECT coalesce(string_agg(convert_to(c, current_setting('server_encoding'))
+                                             || decode('00', 'hex'), ''::bytea ORDER BY i), ''::bytea)
+                  FROM unnest(cols) WITH ORDINALITY AS u(c, i));
 BEGIN
+    IF (SELECT count(*) FROM pg_trigger
+        WHERE tgrelid = rel AND tgname IN ('imp_audit_ins', 'imp_audit_del', 'imp_audit_upd')
+          AND tgargs = raw) = 3
+       AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'imp_audit_trunc')
+    THEN
+        RETURN;
+    END IF;
     EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_ins AFTER INSERT ON %s'
                    ' REFERENCING NEW TABLE AS imp_new'
                    ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_insert(%s)', rel, args);

@@ -447,3 +447,26 @@ def test_audit_triggers_of_an_earlier_version_get_their_columns(conn: Conn, trac
     pg_extensions.install(conn)
     insert_series(conn, tracked, 2, 2, "new")
     assert [r[5] for r in audit_rows(conn, tracked)] == ["kept", "new"]
+
+
+def test_an_alter_table_that_keeps_the_columns_keeps_the_triggers(conn: Conn,
+                                                                  tracked: str) -> None:
+    """Replacing the audit triggers takes a SHARE ROW EXCLUSIVE lock: after an ALTER TABLE
+    that takes a weaker one (SET STATISTICS, which a capture runs) it waited for writers whose
+    audit triggers waited for the rebuilt audit table (found: a deadlock under a writer and
+    twenty clients). Triggers whose columns stay are left alone; new columns replace them."""
+    def trigger_row() -> object:
+        row = conn.execute("SELECT xmin::text FROM pg_trigger WHERE tgrelid = %s::regclass"
+                           " AND tgname = 'imp_audit_ins'", (tracked,)).fetchone()
+        assert row is not None
+        return row[0]
+
+    before = trigger_row()
+    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN g SET STATISTICS 150")
+                 .format(sql.Identifier(tracked)))
+    assert trigger_row() == before
+    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN w int").format(sql.Identifier(tracked)))
+    assert trigger_row() != before
+    conn.execute(sql.SQL("INSERT INTO {} (id, w) VALUES (1, 7)").format(sql.Identifier(tracked)))
+    audit = audit_table(conn, tracked)
+    assert conn.execute(sql.SQL("SELECT w FROM {}").format(sql.SQL(audit))).fetchall() == [(7,)]
