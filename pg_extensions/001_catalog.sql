@@ -44,6 +44,10 @@ ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS aliases text[];
 -- The oids of every table of the query as it resolved when captured (the same text names other
 -- tables under another search_path); NULL in rows of older versions.
 ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS relations bigint[];
+-- The Python type of each parameter (int, Decimal, float, str, bool, NoneType): params holds
+-- their text, and an int 5 and a numeric 5 are other queries (5 / 2); NULL in older rows,
+-- which are captured again rather than loaded.
+ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS param_types text[];
 CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
 
 -- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).

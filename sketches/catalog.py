@@ -7,8 +7,9 @@ in the caller's snapshot.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -117,11 +118,12 @@ def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch,
     of all the query's tables, ``lookup.Relations``); returns the new sketch id."""
     params = None if sketch.params is None else [None if v is None else str(v)
                                                   for v in sketch.params]
+    types = None if sketch.params is None else [type(v).__name__ for v in sketch.params]
     row = conn.execute(
-        "INSERT INTO imp.sketches (template, query_text, params, tables, aliases, attributes,"
-        " partition_ids, version, strategy, relations)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s, %s) RETURNING id",
-        (sketch.template, sketch.query, params,
+        "INSERT INTO imp.sketches (template, query_text, params, param_types, tables, aliases,"
+        " attributes, partition_ids, version, strategy, relations)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s, %s) RETURNING id",
+        (sketch.template, sketch.query, params, types,
          [f"{p.schema}.{p.partition.table}" for p in sketch.parts],
          [p.table.alias for p in sketch.parts],
          [p.column for p in sketch.parts], [p.partition.id for p in sketch.parts],
@@ -158,6 +160,31 @@ class StoredSketch:
     uses: int
     relations: tuple[int, ...] | None = None
     """The oids of the query's tables when captured (None: a row of an older version)."""
+    param_types: tuple[str, ...] | None = None
+    """The Python type name of each parameter (None: a row of an older version)."""
+
+    def typed_params(self) -> tuple[object, ...] | None:
+        """The parameters as the values they were bound as; None when a type is unknown (an
+        older row, or a type other than int, Decimal, float, str, bool): found, a numeric
+        ``5`` read back as the integer PostgreSQL infers served an int query (``v / 5``
+        divides otherwise), and a float threshold read back as a numeric served a numeric
+        one."""
+        if self.params is None or self.param_types is None \
+                or len(self.params) != len(self.param_types):
+            return None
+        out: list[object] = []
+        for text, kind in zip(self.params, self.param_types, strict=True):
+            if kind == "NoneType" or text is None:
+                out.append(None)
+            elif kind not in _RESTORE:
+                return None
+            else:
+                out.append(_RESTORE[kind](text))
+        return tuple(out)
+
+
+_RESTORE: dict[str, Callable[[str], object]] = {
+    "int": int, "Decimal": Decimal, "float": float, "str": str, "bool": lambda t: t == "True"}
 
 
 def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSketch]:
@@ -166,7 +193,8 @@ def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSk
         "SELECT s.id, s.template, s.query_text, s.params, s.aliases, s.attributes,"
         " s.version::text, s.strategy, s.captures, s.maintenances, s.uses,"
         " array_agg(f.partition_id ORDER BY f.ordinal),"
-        " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal), s.relations"
+        " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal), s.relations,"
+        " s.param_types"
         " FROM imp.sketches s JOIN imp.sketch_fragments f ON f.sketch_id = s.id"
         " WHERE s.template = %s AND s.valid AND s.aliases IS NOT NULL"
         " GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
@@ -184,7 +212,8 @@ def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSk
             out.append(StoredSketch(
                 int(r[0]), r[1], r[2], None if r[3] is None else tuple(r[3]), tuple(r[4]),
                 tuple(r[5]), tuple(partitions), frags, r[6], r[7], r[8], r[9], r[10],
-                None if r[13] is None else tuple(int(x) for x in r[13])))
+                None if r[13] is None else tuple(int(x) for x in r[13]),
+                None if r[14] is None else tuple(r[14])))
     return out
 
 

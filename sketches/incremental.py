@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -286,40 +285,6 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
     if row is not None and row[3] is not None:
         raise NotMaintainable(f"{row[3]} is an inheritance child or a partition: a write naming "
                               "its parent fires only the parent's statement triggers")
-
-
-def typed_params(conn: Conn, query: str,
-                 params: Sequence[object | None]) -> tuple[object, ...]:
-    """``params`` stored as text (the catalog) converted back to values of the types
-    PostgreSQL infers for ``query``'s ``$n``: the engine evaluates HAVING / ORDER BY constants
-    in Python, where ``'300'`` is not ``300``. Raises :class:`NotMaintainable` if it cannot."""
-    name = sql.Identifier("imp_param_types")
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("PREPARE {} AS {}").format(name, sql.SQL(query)))
-            row = conn.execute("SELECT parameter_types::text[] FROM pg_prepared_statements"
-                               " WHERE name = 'imp_param_types'").fetchone()
-            conn.execute(sql.SQL("DEALLOCATE {}").format(name))
-            types = list(row[0]) if row else []
-            if len(types) != len(params):
-                raise NotMaintainable("stored parameters do not match the query")
-            out: list[object] = []
-            for t, v in zip(types, params, strict=True):
-                if v is None:
-                    out.append(None)
-                    continue
-                # real: its float8 widening, the value PostgreSQL compares (its text output
-                # is the shortest text for the float4, whose nearest double is another value)
-                cast = sql.SQL("::real::float8" if t == "real" else "::" + t)
-                got = conn.execute(sql.SQL("SELECT %s{}").format(cast), (str(v),)).fetchone()
-                value = got[0] if got else None
-                # an integer where a numeric is inferred: the proxy's (a client's int, which
-                # means the same there) and its template instances' (``template``) type
-                out.append(int(value) if type(value) is Decimal and str(v).lstrip("-")
-                           .isdigit() else value)
-    except psycopg.Error as exc:
-        raise NotMaintainable(f"stored parameters cannot be typed: {exc}") from exc
-    return tuple(out)
 
 
 def installed(conn: Conn) -> bool:

@@ -822,14 +822,14 @@ class SketchManager(IncrementalMaintenance):
                            stored.maintenances, stored.uses, analysis=stored_analysis,
                            session=incremental.SessionSettings.read(conn))
             if stored.params is not None:
-                try:  # the catalog keeps parameters as text; the engine needs their values,
-                    # the instance its numbers (a text parameter is no threshold)
-                    typed = incremental.typed_params(conn, stored.query, stored.params)
-                    entry.instance = instance(stored.query, typed)
-                    if not self._custom:
-                        entry.sketch = dataclasses.replace(entry.sketch, params=typed)
-                except NotMaintainable as exc:
-                    entry.ivm_off = str(exc)
+                # the engine needs the values, the instance their numbers (a text parameter
+                # is no threshold), both as bound
+                typed = stored.typed_params()
+                if typed is None:
+                    continue
+                entry.instance = instance(stored.query, typed)
+                if not self._custom:
+                    entry.sketch = dataclasses.replace(entry.sketch, params=typed)
             entry.relations = relations.oids
             loaded.append(entry)
         tmpl.entries.extend(loaded)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from pglast import ast, parse_sql
-from pglast.parser import ParseError
+from pglast.parser import ParseError, scan
 from pglast.parser import fingerprint as _fingerprint
 from pglast.stream import RawStream
 
@@ -28,7 +28,26 @@ def parse_select(sql: str) -> ast.SelectStmt:
     stmt = stmts[0].stmt
     if not isinstance(stmt, ast.SelectStmt):
         raise UnsupportedQuery(f"not a SELECT ({type(stmt).__name__})")
+    literal = newer_literal(sql)
+    if literal is not None:
+        raise UnsupportedQuery(f"the literal {literal} is a syntax error in PostgreSQL 15")
     return stmt
+
+
+_NUMBER_TOKENS = frozenset({"ICONST", "FCONST"})
+
+
+def newer_literal(sql: str) -> str | None:
+    """A numeric literal of a form PostgreSQL 16 introduced (``0x10``, ``0o20``, ``0b1``,
+    ``1_000``) in ``sql``, else None. pglast parses with a newer grammar and prints such a
+    literal as a plain decimal, so the rewritten query ran where PostgreSQL 15 rejects the
+    client's (found: ``HAVING count(*) > 0x10`` answered rows instead of 42601)."""
+    for token in scan(sql):
+        if token.name in _NUMBER_TOKENS:
+            text = sql[token.start:token.end + 1]
+            if "_" in text or text[:2].lower() in ("0x", "0o", "0b"):
+                return text
+    return None
 
 
 def to_sql(node: ast.Node) -> str:

@@ -175,5 +175,9 @@ def reusable(captured: TemplateInstance, new: TemplateInstance) -> bool:
         return False
     if captured.limit is not None and new.limit is not None:
         return new.limit <= captured.limit and captured.thresholds == new.thresholds
+    if captured.skeleton.limitCount is not None:
+        # a LIMIT kept in the skeleton (a text or fractional k): a stricter HAVING lets other
+        # groups into the top k (found: LIMIT $2 with 2.5 reused a looser HAVING's sketch)
+        return captured.thresholds == new.thresholds
     return all(_stricter(n, o) for n, o in zip(new.thresholds, captured.thresholds,
                                                 strict=True))

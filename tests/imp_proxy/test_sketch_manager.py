@@ -523,3 +523,13 @@ def test_an_error_in_the_sql_text_points_into_the_clients_text(ldsn: str, db_dsn
         with psycopg.connect(db_dsn, autocommit=True) as d:
             d.execute(f"DROP OWNED BY {role}")
             d.execute(f"DROP ROLE {role}")
+
+
+def test_a_literal_postgresql_15_rejects_gets_its_syntax_error(ldsn: str, db_dsn: str) -> None:
+    """Found: ``HAVING count(*) > 0x10`` answered rows through the proxy, where PostgreSQL 15
+    raises 42601 (the rewritten text had the literal printed as 16)."""
+    q = "SELECT g, count(*) FROM sm GROUP BY g HAVING count(*) > 0x10"
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        for conn in (d, c):
+            assert _rows_or_error(conn, q) == ("error", "42601")

@@ -3,9 +3,6 @@ PostgreSQL."""
 
 from __future__ import annotations
 
-import struct
-from decimal import Decimal
-
 import psycopg
 import pytest
 
@@ -38,19 +35,6 @@ def test_tracking_a_tracked_table_again_commits_no_transaction(db_dsn: str) -> N
         row = conn.execute("SELECT count(*) FROM imp.tracked_tables"
                            " WHERE relid = 'inc_tracked'::regclass").fetchone()
         assert row == (1,)
-
-
-def test_stored_parameters_take_the_values_postgresql_compares(db_dsn: str) -> None:
-    """Text parameters from the catalog come back typed as PostgreSQL infers them: a real
-    as its float8 widening (the float4 nearest 0.1, not the double nearest 0.1), an integer
-    as an int, a numeric exactly."""
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE IF NOT EXISTS typed_p (r real, i int, n numeric)")
-        query = "SELECT count(*) FROM typed_p WHERE r < $1 AND i < $2 AND n < $3"
-        got = incremental.typed_params(c, query, ["0.1", "7", "0.12345678901234567890123456789"])
-        want = c.execute("SELECT 0.1::real::float8").fetchone()
-        assert want is not None and got == (want[0], 7, Decimal("0.12345678901234567890123456789"))
-        assert got[0] != 0.1 and got[0] == struct.unpack("f", struct.pack("f", 0.1))[0]
 
 
 @pytest.mark.parametrize(("x32", "ref", "full"), [

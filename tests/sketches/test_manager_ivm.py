@@ -1144,9 +1144,9 @@ def test_a_join_equality_that_casts_makes_no_sketch_on_the_other_side(
 
 
 RESTORED = {   # parameter, query, used as stored by a restarted manager
-    "float": (1 / 3, "SELECT g, count(*) FROM rp GROUP BY g HAVING avg(v) <= $1", False),
+    "float": (1 / 3, "SELECT g, count(*) FROM rp GROUP BY g HAVING avg(v) <= $1", True),
     "numeric": (Decimal(2), "SELECT g, count(*) FROM rp WHERE v / $1 >= 0 GROUP BY g"
-                " HAVING avg(v) <= 0.34", False),
+                " HAVING avg(v) <= 0.34", True),
     "int": (3, "SELECT g, count(*) FROM rp GROUP BY g HAVING sum(v) * 3 <= $1 * 100", True),
     "int-as-numeric": (0, "SELECT g, count(*) FROM rp WHERE v + 0.5 > $1 GROUP BY g"
                        " HAVING avg(v) <= 0.34", True),
@@ -1160,15 +1160,11 @@ RESTORED = {   # parameter, query, used as stored by a restarted manager
 @pytest.mark.parametrize("case", sorted(RESTORED))
 def test_a_restarted_manager_reads_its_parameters_as_they_were_bound(db: str,
                                                                     case: str) -> None:
-    """The catalog keeps parameters as text, and a restarted manager types them as
-    PostgreSQL infers ``$n``: a float8 ``1/3`` compared with ``avg(int)`` (a numeric) came
-    back as the numeric 0.3333333333333333, and its sketch, maintained comparing exactly
-    where PostgreSQL casts the average to float8, answered the float query (found: a group
-    whose average a write brought to 1/3 missing, 0 rows instead of 1). A parameter that
-    comes back as another type (a float or a numeric where PostgreSQL infers a numeric or
-    an integer) no longer stands in for the live one: that query captures anew. The others
-    are used as they were stored (an integer where a numeric is inferred comes back as an
-    integer)."""
+    """The catalog keeps parameters as text with their Python types, and a restarted manager
+    reads them back as they were bound. (Found, when they were typed as PostgreSQL infers
+    ``$n``: a float8 ``1/3`` compared with ``avg(int)`` came back as the numeric
+    0.3333333333333333 and answered the float query, 0 rows instead of 1; a numeric ``5``
+    came back as an integer and served an int query, ``v / 5`` dividing otherwise.)"""
     value, q, reused = RESTORED[case]
     with psycopg.connect(db, autocommit=True) as c:
         fresh_table(c, "rp", "id int PRIMARY KEY, g int NOT NULL, v int NOT NULL",
@@ -1191,6 +1187,41 @@ def test_a_restarted_manager_reads_its_parameters_as_they_were_bound(db: str,
             p = check(m, c, q, (value,))
             entry = entry_of(m, p.sketch_id)
             assert entry["captures"] == 1 and entry["maintenances"] >= 1, entry
+        finally:
+            m.close()
+
+
+OTHER_TYPE = {   # query, parameter of the first manager, parameter of the restarted one
+    "numeric-then-int": ("SELECT g, count(*) FROM rt WHERE v / $1 <= 2 GROUP BY g"
+                         " HAVING count(*) > 3", Decimal(5), 5),
+    "float-then-numeric": ("SELECT g, count(DISTINCT id) FROM rt GROUP BY g"
+                           " HAVING sum(w) > $1", 0.1, Decimal("0.1")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_TYPE))
+@pytest.mark.parametrize("strategy", ["lazy", "recapture"])
+def test_a_restarted_manager_never_serves_a_parameter_of_another_type(db: str, case: str,
+                                                                      strategy: str) -> None:
+    """Found: the restarted manager read a stored numeric ``5`` as an integer and answered
+    the int query with its sketch (``v / 5 <= 2``: 1 row instead of 10), and a float ``0.1``
+    threshold as an exact one (``sum(w) > 0.1``: 1 row instead of 2)."""
+    q, first, then = OTHER_TYPE[case]
+    with psycopg.connect(db, autocommit=True) as c:
+        fresh_table(c, "rt", "id int PRIMARY KEY, g int, v int, w numeric",
+                    "SELECT i, i % 5, i, 0 FROM generate_series(0, 39) i")
+        # group 1 sums to 0.10000000000000001: above a numeric 0.1, not above a float8 0.1
+        c.execute("UPDATE rt SET w = 0.1 WHERE id = 1")
+        c.execute("UPDATE rt SET w = 0.00000000000000001 WHERE id = 6")
+        c.execute("UPDATE rt SET w = 1 WHERE g = 2")
+        m = SketchManager(SketchSettings(fragments=10, strategy=strategy))
+        try:
+            check(m, c, q, (first,))
+        finally:
+            m.close()
+        m = SketchManager(SketchSettings(fragments=10, strategy=strategy))
+        try:
+            check(m, c, q, (then,))
         finally:
             m.close()
 

@@ -29,3 +29,12 @@ def test_scopes_are_numbered_in_pre_order() -> None:
 def test_printer_roundtrip_keeps_parameters_and_literals() -> None:
     sql = "SELECT a FROM t WHERE s LIKE 'it''s%' AND b = $1 ORDER BY a LIMIT $2"
     assert print_checked(parse_select(sql)) == sql
+
+
+@pytest.mark.parametrize("literal", ["0x10", "0o20", "0B10000", "1_0", "1_000.5"])
+def test_literals_postgresql_15_rejects_are_refused(literal: str) -> None:
+    """pglast parses with a newer grammar and prints such a literal as a decimal, so the
+    rewritten query ran where PostgreSQL 15 raises 42601 (found: rows instead of the error)."""
+    with pytest.raises(UnsupportedQuery, match="syntax error in PostgreSQL 15"):
+        parse_select(f"SELECT g, count(*) FROM t GROUP BY g HAVING count(*) > {literal}")
+    parse_select("SELECT g_1, count(*) FROM t_1 GROUP BY g_1 HAVING count(*) > 16.5e1")

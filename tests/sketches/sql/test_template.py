@@ -86,3 +86,14 @@ def test_a_literal_is_never_a_parameter_marker() -> None:
     assert not reusable(literal, bound) and not reusable(bound, literal)
     assert not reusable(instance("SELECT g FROM t WHERE s = '$param:str:x' GROUP BY g"
                                  " HAVING count(*) > 0"), bound)
+
+
+@pytest.mark.parametrize("k", ["2", 2.6, Decimal("2.5")])
+def test_having_must_not_change_with_a_limit_kept_in_the_skeleton(k: object) -> None:
+    """A LIMIT whose k is no integer stays in the skeleton, and a stricter HAVING lets other
+    groups into the top k (found: ``LIMIT $2`` with 2.5 reused the sketch of a looser
+    HAVING: 1 row instead of 3)."""
+    q = ("SELECT g, sum(v) AS s FROM t GROUP BY g HAVING count(*) > $1"
+         " ORDER BY s DESC, g LIMIT $2")
+    assert not reusable(instance(q, (0, k)), instance(q, (5, k)))
+    assert reusable(instance(q, (5, k)), instance(q, (5, k)))
