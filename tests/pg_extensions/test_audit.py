@@ -379,28 +379,29 @@ def test_renames_through_other_alter_commands_bump_the_epoch(conn: Conn, tracked
     assert conn.execute(sql.SQL("SELECT w FROM {}").format(sql.SQL(audit))).fetchall() == [(5,)]
 
 
-def test_an_enum_value_renamed_bumps_the_epoch_of_tables_using_it(conn: Conn) -> None:
-    """The engine holds enum values by their labels: a renamed label is another value."""
+def _tracked_with_type(conn: Conn, create: str) -> tuple[str, str]:
+    """A new type (``create`` with ``{}`` for its name) and a tracked table ``(id int, k
+    <type>)``: their names."""
     pg_extensions.install(conn)
     kind = f"k_{uuid.uuid4().hex[:8]}"
-    conn.execute(sql.SQL("CREATE TYPE {} AS ENUM ('a', 'b')").format(sql.Identifier(kind)))
+    conn.execute(sql.SQL(create).format(sql.Identifier(kind)))
     name = f"t_{uuid.uuid4().hex[:8]}"
     conn.execute(sql.SQL("CREATE TABLE {} (id int, k {})")
                  .format(sql.Identifier(name), sql.Identifier(kind)))
     conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    return kind, name
+
+
+def test_an_enum_value_renamed_bumps_the_epoch_of_tables_using_it(conn: Conn) -> None:
+    """The engine holds enum values by their labels: a renamed label is another value."""
+    kind, name = _tracked_with_type(conn, "CREATE TYPE {} AS ENUM ('a', 'b')")
     before = epoch(conn, name)
     conn.execute(sql.SQL("ALTER TYPE {} RENAME VALUE 'a' TO 'c'").format(sql.Identifier(kind)))
     assert epoch(conn, name) != before
 
 
 def test_a_column_dropped_by_drop_type_cascade_keeps_writes_working(conn: Conn) -> None:
-    pg_extensions.install(conn)
-    kind = f"d_{uuid.uuid4().hex[:8]}"
-    conn.execute(sql.SQL("CREATE DOMAIN {} AS int").format(sql.Identifier(kind)))
-    name = f"t_{uuid.uuid4().hex[:8]}"
-    conn.execute(sql.SQL("CREATE TABLE {} (id int, d {})")
-                 .format(sql.Identifier(name), sql.Identifier(kind)))
-    conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    kind, name = _tracked_with_type(conn, "CREATE DOMAIN {} AS int")
     before = epoch(conn, name)
     conn.execute(sql.SQL("DROP DOMAIN {} CASCADE").format(sql.Identifier(kind)))
     assert epoch(conn, name) != before
