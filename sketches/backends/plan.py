@@ -11,8 +11,8 @@ PostgreSQL, and only operations with identical semantics elsewhere move out:
 * the backend then does only equi-joins on the join equalities, grouping, count/sum/min/max,
   HAVING and ORDER BY … LIMIT (with ties) over the *values* PostgreSQL computed. HAVING and
   ORDER BY are translated into a tiny expression tree (:data:`Node`) of comparisons,
-  ``+ - *``, AND/OR/NOT and IS [NOT] NULL over aggregates, group keys and numeric/boolean
-  constants; anything else raises :class:`BackendUnsupported`.
+  ``+ - *``, unary minus, AND/OR/NOT and IS [NOT] NULL over aggregates, group keys and
+  numeric/boolean constants; anything else raises :class:`BackendUnsupported`.
 
 A WHERE conjunct reading several tables (other than the join equalities), a per-row
 expression over several tables, ``*`` outputs, DISTINCT aggregates and ``avg`` inside HAVING /
@@ -45,6 +45,7 @@ from sketches.sql.spark_translate import Bin as Bin
 from sketches.sql.spark_translate import BoolOp as BoolOp
 from sketches.sql.spark_translate import IsNull as IsNull
 from sketches.sql.spark_translate import Lit as Lit
+from sketches.sql.spark_translate import Neg as Neg
 from sketches.sql.spark_translate import Node as Node
 from sketches.sql.spark_translate import Not as Not
 from sketches.sql.spark_translate import NotTranslatable

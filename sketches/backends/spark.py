@@ -22,13 +22,16 @@ as the caller reads its constants, and the sketch's version is that snapshot.
 
 Values that come back to Python (state building, ΔR⋈S') are those PostgreSQL computed, except
 aggregates: ``sum`` is converted to PostgreSQL's result type (``sum(int8)`` is numeric).
-Columns of types whose Spark mapping is not value-exact (``real``, unconstrained ``numeric``,
-``timestamptz``, …) are refused; ``float8`` sums may differ in the last bits from PostgreSQL's
+Columns of types whose Spark mapping is not value-exact (``real``, unconstrained ``numeric`` or
+beyond ``numeric(38, 38)``, ``timestamptz``, …) are refused, and a job reading a date or
+timestamp before 1582-10-15 (or infinite) fails (:func:`_guarded_query`); the JVMs run in UTC
+(:data:`JVM_OPTIONS`). ``float8`` sums may differ in the last bits from PostgreSQL's
 (summation order), as they do between two PostgreSQL plans.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -63,6 +66,7 @@ from sketches.backends.plan import (
     BoolOp,
     IsNull,
     Lit,
+    Neg,
     Node,
     Not,
     OrderKey,
@@ -93,6 +97,8 @@ _BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8 = 16, 20, 21, 23, 25, 701
 _VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1043, 1082, 1114, 1700
 _EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _VARCHAR, _DATE,
                           _TIMESTAMP, _NUMERIC})  # not char(n): Spark's read-side padding
+_MAX_DECIMAL = 38   # Spark's largest decimal precision and scale
+_DATETIMES = frozenset({_DATE, _TIMESTAMP})
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
 _TEXTS = frozenset({_TEXT, _VARCHAR})   # the collatable types Spark reads (not char(n))
 
@@ -103,6 +109,14 @@ pushed-down filters must read constants as the caller does (pgjdbc starts with t
 TimeZone and DateStyle ISO; a date compared with ``'…+00'::timestamptz`` or with
 ``'03/01/2020'`` depends on them). Found: a capture through Spark missed two of four
 fragments for a caller in Pacific/Kiritimati."""
+
+
+JVM_OPTIONS = "-Duser.timezone=UTC"
+"""Java options of the driver and executor JVMs: pgjdbc's ``getTimestamp`` builds a
+``java.sql.Timestamp`` in the JVM's default TimeZone, so a timestamp in a DST gap of the
+host's zone (``2021-03-14 02:45`` in America/New_York) was read an hour later and ordered
+after ``03:40`` (found); UTC has no gaps. Set before the JVM starts (``spark.*``
+``extraJavaOptions``); :func:`_create_session` checks that it took effect."""
 
 
 def _for_jdbc(name: str, value: object) -> str:
@@ -136,10 +150,14 @@ class SparkSettings:
     broadcast_rows: float = 1_000_000.0
 
     def spark_conf(self) -> dict[str, str]:
+        """The session's settings; the JVMs always run with :data:`JVM_OPTIONS` added to
+        any configured ``extraJavaOptions``."""
         out = dict(DEFAULT_CONF)
         out.update(self.conf)
         out["spark.jars"] = self.jdbc_jar
         out.setdefault("spark.driver.extraClassPath", self.jdbc_jar)
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            out[key] = f"{out.get(key, '')} {JVM_OPTIONS}".strip()
         return out
 
     @classmethod
@@ -269,8 +287,22 @@ def _create_session(settings: SparkSettings) -> Any:
         log.warning("a SparkSession with master %s already existed (wanted %s)", actual,
                     settings.master)
     session.sparkContext.setLogLevel("ERROR")
+    _check_jvm_time_zone(session)
     _warm_up(session)
     return session
+
+
+def _check_jvm_time_zone(session: Any) -> None:
+    """BackendUnavailable unless the driver JVM's default TimeZone is UTC (see
+    :data:`JVM_OPTIONS`; a session created earlier in the process keeps its own JVM)."""
+    zones = session.sparkContext._jvm.java.util.TimeZone
+    default = zones.getDefault()
+    if not default.hasSameRules(zones.getTimeZone("UTC")):
+        zone = default.getID()
+        session.stop()
+        raise BackendUnavailable(f"the Spark driver JVM runs in TimeZone {zone}, not UTC "
+                                 f"({JVM_OPTIONS} was not applied): pgjdbc would shift "
+                                 "timestamps in its DST gaps")
 
 
 def _warm_up(session: Any) -> None:
@@ -326,12 +358,13 @@ class SparkBackend:
                     buffer_limit: int | None = None) -> AggregateState:
         spark = self.runtime.session()
         started = time.perf_counter()
-        plan, _ = self._plan(conn, analysis, targets, params)
+        plan, c_collation = self._plan(conn, analysis, targets, params)
         if not plan.grouped:
             raise BackendUnsupported("no aggregation or DISTINCT: no aggregate state to build")
         types: dict[str, int] = {}
         with self._snapshot(conn) as (init, version):
             frames = self._frames(spark, conn, plan, init, types)
+            _check_text_extremes(plan, types, c_collation)
             partials, values, truncated = self._state_job(plan, frames, buffer_limit, types)
         return AggregateState.build(version, [a.function for a in plan.aggregates],
                                     plan.slots, partials, values, truncated, self.name,
@@ -349,6 +382,7 @@ class SparkBackend:
         types: dict[str, int] = {}
         with self._snapshot(conn) as (init, version):
             frames = self._frames(spark, conn, plan, init, types)
+            _check_text_extremes(plan, types, c_collation)
             fragments = self._capture_job(plan, frames, c_collation)
             mid = time.perf_counter()
             partials, values, truncated = self._state_job(plan, frames, buffer_limit, types)
@@ -363,6 +397,9 @@ class SparkBackend:
 
     def match_rows(self, conn: psycopg.Connection[Any], request: MatchRequest,
                    keys: Collection[Row]) -> list[Row]:
+        """The rows whose key columns equal one of ``keys``, matched in Spark. Refused for a
+        nondeterministic collation, where PostgreSQL matches ``'a'`` with ``'A'`` (found:
+        10 rows instead of 20); a deterministic one's equality is Spark's byte equality."""
         distinct = sorted({tuple(k) for k in keys if all(v is not None for v in k)}, key=repr)
         if not distinct:
             return []
@@ -375,6 +412,7 @@ class SparkBackend:
                          None if request.target is None else 0, request.target)
         plan = BatchPlan((read,), (), False, (), (), None, (), None,
                          0 if request.target is None else 1)
+        self._c_like(conn, plan.reads)
         with self._snapshot(conn) as (init, _version):
             (frame,) = self._frames(spark, conn, plan, init, {})
             from pyspark.sql import functions as F
@@ -404,18 +442,23 @@ class SparkBackend:
         ``"en-x-icu"`` column ordered by code points in a C database kept another top-k.)"""
         schemas = resolve_schemas(conn, analysis, targets)
         plan = build_plan(conn, analysis, targets, params, schemas)
+        return plan, self._c_like(conn, plan.reads)
+
+    def _c_like(self, conn: psycopg.Connection[Any], reads: Sequence[TableRead]) -> bool:
+        """Whether every text value ``reads`` return compares as in C; BackendUnsupported
+        for a nondeterministic collation (see :meth:`_plan`)."""
         row = conn.execute("SELECT datcollate FROM pg_database"
                            " WHERE datname = current_database()").fetchone()
         c_database = row is not None and str(row[0]) in _C_COLLATIONS
         c_like = c_database
-        for read in plan.reads:
+        for read in reads:
             for name, deterministic in self._collations(conn, read):
                 if not deterministic:
                     raise BackendUnsupported(f"a column of {read.schema}.{read.name} has the "
                                              f"nondeterministic collation {name}")
                 c_like = c_like and (name in _C_COLLATIONS or name == "ucs_basic"
                                      or (name == "default" and c_database))
-        return plan, c_like
+        return c_like
 
     def _collations(self, conn: psycopg.Connection[Any],
                     read: TableRead) -> list[tuple[str, bool]]:
@@ -476,9 +519,11 @@ class SparkBackend:
                       "preferTimestampNTZ": "true"})
         frames = []
         for read in plan.reads:
-            types.update(self._read_types(conn, read))
+            read_types = self._read_types(conn, read)
+            types.update(read_types)
             table = sql.SQL("({}) AS {}").format(
-                read.query(), sql.Identifier(f"imp_r{read.index}")).as_string(conn)
+                _guarded_query(read, read_types), sql.Identifier(f"imp_r{read.index}")
+            ).as_string(conn)
             predicates = [p.as_string(conn)
                           for p in read.partition_predicates(self.settings.max_partitions)]
             try:
@@ -518,9 +563,8 @@ class SparkBackend:
             if col.type_code not in _EXACT_TYPES:
                 raise BackendUnsupported(f"column {col.name} of {read.schema}.{read.name}: "
                                          f"type oid {col.type_code} is not mapped exactly")
-            if col.type_code == _NUMERIC and col.precision is None:
-                raise BackendUnsupported(f"column {col.name} of {read.schema}.{read.name}: "
-                                         "unconstrained numeric (Spark caps the scale)")
+            if col.type_code == _NUMERIC:
+                _check_numeric(read, col.name, col.precision, col.scale)
         return {col.name: col.type_code for col in cur.description or ()}
 
     def _joined(self, plan: BatchPlan, frames: Sequence[Any]) -> Any:
@@ -569,7 +613,9 @@ class SparkBackend:
     def _capture_job(self, plan: BatchPlan, frames: Sequence[Any],
                      c_collation: bool) -> list[set[int]]:
         """Distinct ``(slot, fragment)`` pairs of the result rows, in one pass over the data
-        (the grouped frame is cached while top-k reads it several times)."""
+        (the grouped frame is cached while top-k reads it several times). Text compared by
+        HAVING or ORDER BY is refused unless it compares as in C, grouped or not (found: a
+        top-k over rows ordered by an ``"en-x-icu"`` column kept the code-point order)."""
         from pyspark.sql import functions as F
         cached = None
         if plan.grouped:
@@ -585,6 +631,8 @@ class SparkBackend:
                       for i, f in enumerate(plan.fragment_columns)]
         else:
             df = self._joined(plan, frames)
+            if not c_collation:
+                _check_collation(plan, df)
             if plan.limit is not None:
                 df = self._top(df, plan.order, plan.limit)
             tagged = [F.array(F.struct(F.lit(i).alias("slot"), F.col(f).alias("f")))
@@ -623,7 +671,7 @@ class SparkBackend:
         if len(rows) < limit:
             return df
         kth = rows[-1]
-        tie = reduce(lambda a, b: a & b, [F.col(n).eqNullSafe(F.lit(kth[i]))
+        tie = reduce(lambda a, b: a & b, [F.col(n).eqNullSafe(_literal(kth[i], df.schema[n]))
                                           for i, n in enumerate(names)])
         return first.unionByName(df.filter(tie))
 
@@ -700,6 +748,38 @@ def _pushed_down(conn: psycopg.Connection[Any], read: TableRead) -> Iterator[Non
                                f"PostgreSQL: {exc}") from exc
 
 
+_GREGORIAN = "1582-10-15"
+
+
+def _guarded_query(read: TableRead, types: Mapping[str, int]) -> sql.Composable:
+    """``read``'s query, whose date and timestamp outputs fail in PostgreSQL (the job fails,
+    so the work runs in PostgreSQL) for a value before the Gregorian reform or infinite:
+    pgjdbc reads through the JVM's hybrid Julian/Gregorian calendar, so 1582-10-12 came back
+    as 1582-10-22 and ordered after 1582-10-15 (found). The error branch reads the row's
+    value, so PostgreSQL cannot fold it into a planning-time error; the partition column is
+    compared inside PostgreSQL only and left as is."""
+    guarded = [n for n, t in types.items() if t in _DATETIMES and n != read.partition_column]
+    if not guarded:
+        return read.query()
+    cols: list[sql.Composable] = []
+    for name in types:
+        col = sql.Identifier("imp_g", name)
+        if name in guarded:
+            date = types[name] == _DATE
+            fail = sql.SQL("(('not read by Spark (pre-Gregorian or infinite): ' || {c}::text)"
+                           "::int{days})").format(c=col, days=sql.SQL(
+                               "" if date else " * interval '1 day'"))
+            cols.append(sql.SQL(
+                "CASE WHEN {c} IS NULL OR ({c} >= {g}::{t} AND {c} < 'infinity'::{t})"
+                " THEN {c} ELSE {c} + {fail} END AS {n}").format(
+                    c=col, g=sql.Literal(_GREGORIAN), t=sql.SQL("date" if date else "timestamp"),
+                    fail=fail, n=sql.Identifier(name)))
+        else:
+            cols.append(col)
+    return sql.SQL("SELECT {} FROM ({}) AS imp_g").format(sql.SQL(", ").join(cols),
+                                                          read.query())
+
+
 def _check_collation(plan: BatchPlan, df: Any) -> None:
     """BackendUnsupported when HAVING / ORDER BY compare text: Spark compares code points,
     and the database's or a read column's collation is not C."""
@@ -714,6 +794,32 @@ def _check_collation(plan: BatchPlan, df: Any) -> None:
                                  "other than C")
 
 
+def _check_numeric(read: TableRead, name: str, precision: int | None,
+                   scale: int | None) -> None:
+    """BackendUnsupported for a numeric Spark does not read exactly: unconstrained (Spark
+    caps the scale), or ``numeric(p, s)`` beyond Spark's ``decimal(38, 38)``: Spark bounds
+    the type and rounds every value on read (found: a ``numeric(50,45)`` 1e-42 read as 0)."""
+    where = f"column {name} of {read.schema}.{read.name}"
+    if precision is None or scale is None:
+        raise BackendUnsupported(f"{where}: unconstrained numeric (Spark caps the scale)")
+    if not (precision <= _MAX_DECIMAL and 0 <= scale <= _MAX_DECIMAL):
+        raise BackendUnsupported(f"{where}: numeric({precision},{scale}) exceeds Spark's "
+                                 f"decimal({_MAX_DECIMAL},{_MAX_DECIMAL})")
+
+
+def _check_text_extremes(plan: BatchPlan, types: Mapping[str, int], c_collation: bool) -> None:
+    """BackendUnsupported for a state keeping ``min`` / ``max`` of text unless it compares
+    as in C: Spark ranks the values by code points (found: under "en-x-icu" the kept
+    minimum values of a group were 'B', 'D' where PostgreSQL's are 'a', 'B')."""
+    if c_collation:
+        return
+    text = [a.arg for a in plan.aggregates
+            if a.function in ("min", "max") and types.get(str(a.arg)) in _TEXTS]
+    if text:
+        raise BackendUnsupported(f"min/max of text ({text}) kept by Spark under a collation "
+                                 "other than C")
+
+
 def _sum_value(type_oid: int | None, value: Any) -> Any:
     """``sum`` in PostgreSQL's result type: numeric for bigint input."""
     if value is None:
@@ -721,6 +827,22 @@ def _sum_value(type_oid: int | None, value: Any) -> Any:
     if type_oid == _INT8:
         return Decimal(int(value))
     return value
+
+
+def _literal(value: Any, field: Any) -> Any:
+    """``value`` (collected from column ``field``) as a literal of the column's own type.
+    ``F.lit`` of a naive datetime is a TIMESTAMP built in the Python process's local
+    TimeZone, compared with the TIMESTAMP_NTZ column in Spark's session zone: with
+    TZ=America/New_York the top-k tie filter matched nothing and lost the tied groups
+    (found). Its ISO text cast to the column's type means the same wall-clock value."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType
+    if not isinstance(value, dt.datetime):
+        return F.lit(value)
+    if not isinstance(field.dataType, TimestampNTZType) or value.tzinfo is not None:
+        raise BackendUnsupported(f"top-k over {field.name} of type {field.dataType}")
+    return F.lit(value.isoformat(sep=" ")).cast(field.dataType)
+
 
 def _tagger(slot: int) -> Any:
     """``f -> struct(slot, f)`` for ``F.transform`` (a one-argument function)."""
@@ -733,8 +855,15 @@ def _tagger(slot: int) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The error's first line, and PostgreSQL's error when a JDBC read failed (py4j's first
+    line says only which call failed; a guarded read's error says why, see
+    :func:`_guarded_query`)."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    line = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    marker = "PSQLException: "
+    if marker in text:
+        line += " — " + text.split(marker, 1)[1].splitlines()[0]
+    return line
 
 
 def _no_float_overflow(result: Any, a: Any, b: Any) -> Any:
@@ -758,7 +887,7 @@ def _refs(node: Node) -> set[str]:
         return _refs(node.left) | _refs(node.right)
     if isinstance(node, BoolOp):
         return set().union(*(_refs(a) for a in node.args))
-    if isinstance(node, Not | IsNull):
+    if isinstance(node, Not | IsNull | Neg):
         return _refs(node.arg)
     return set()
 
@@ -770,9 +899,13 @@ def _column(node: Node, df: Any) -> Any:
     if isinstance(node, Ref):
         return F.col(node.name)
     if isinstance(node, Lit):
-        return F.lit(node.value)
+        return F.lit(node.value).cast("long") if node.pg_type == "int8" else F.lit(node.value)
+    if isinstance(node, Neg):
+        return -_column(node.arg, df)
     if isinstance(node, Bin):
         a, b = _column(node.left, df), _column(node.right, df)
+        if node.op == "*":
+            _check_decimal_product(df, node, a, b)
         ops = {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b,
                ">": a > b, ">=": a >= b, "+": a + b, "-": a - b, "*": a * b}
         result = ops[node.op]
@@ -788,6 +921,40 @@ def _column(node: Node, df: Any) -> Any:
         return ~_column(node.arg, df)
     arg = _column(node.arg, df)
     return arg.isNotNull() if node.negated else arg.isNull()
+
+
+_INTEGRAL_DIGITS = {"ByteType": 3, "ShortType": 5, "IntegerType": 10, "LongType": 20}
+
+
+def _check_decimal_product(df: Any, node: Bin, a: Any, b: Any) -> None:
+    """BackendUnsupported for a decimal ``a * b`` whose exact type (precision p1 + p2 + 1,
+    scale s1 + s2) exceeds Spark's 38 digits: Spark bounds it to ``decimal(38, 38)`` and
+    rounds, PostgreSQL's numeric product is exact (found: ``max(w) * max(w) > 0`` with
+    ``w numeric(20,20)`` = 1e-20 was false in Spark)."""
+    from pyspark.sql.types import DecimalType
+    types = [df.select(c).schema.fields[0].dataType for c in (a, b)]
+    if not any(isinstance(t, DecimalType) for t in types):
+        return
+    digits = [_decimal_digits(n, t) for n, t in zip((node.left, node.right), types, strict=True)]
+    if None in digits:
+        return   # a float operand: Spark multiplies as double, as PostgreSQL does
+    precision = sum(d[0] for d in digits if d is not None) + 1
+    scale = sum(d[1] for d in digits if d is not None)
+    if precision > _MAX_DECIMAL or scale > _MAX_DECIMAL:
+        raise BackendUnsupported(f"decimal product of exact type numeric({precision},{scale})"
+                                 f" exceeds Spark's {_MAX_DECIMAL} digits")
+
+
+def _decimal_digits(node: Node, dtype: Any) -> tuple[int, int] | None:
+    """(precision, scale) Spark gives an operand of a decimal product (an integer literal
+    takes its own digits), None when it is not exact."""
+    from pyspark.sql.types import DecimalType
+    if isinstance(dtype, DecimalType):
+        return dtype.precision, dtype.scale
+    if isinstance(node, Lit) and node.pg_type is None and type(node.value) is int:
+        return len(str(abs(node.value))), 0
+    digits = _INTEGRAL_DIGITS.get(type(dtype).__name__)
+    return None if digits is None else (digits, 0)
 
 
 def _is_float(df: Any, column: Any) -> bool:

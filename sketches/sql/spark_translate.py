@@ -8,9 +8,9 @@ semantics it reproduces exactly; this module is the pglast side of that split (o
   of its bound value (printed by the caller, e.g. with psycopg), so a pushed-down query means
   the same without parameters;
 * :func:`translate` — HAVING or an ORDER BY key of an aggregate query as a tiny, engine-neutral
-  expression tree (:data:`Node`): comparisons, ``+ - *``, AND/OR/NOT and IS [NOT] NULL over
-  named aggregates / group keys and numeric or boolean constants. Anything else raises
-  :class:`NotTranslatable` (the caller runs the job in PostgreSQL instead).
+  expression tree (:data:`Node`): comparisons, ``+ - *``, unary minus, AND/OR/NOT and IS
+  [NOT] NULL over named aggregates / group keys and numeric or boolean constants. Anything
+  else raises :class:`NotTranslatable` (the caller runs the job in PostgreSQL instead).
 
 >>> translate("sum(v) > 10 AND g IS NOT NULL", {"sum(v)": "a0", "g": "e0"}, frozenset(), None)
 BoolOp(op='and', args=(Bin(op='>', left=Ref(name='a0'), right=Lit(value=10)), \
@@ -19,6 +19,7 @@ IsNull(arg=Ref(name='e0'), negated=True)))
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -44,7 +45,11 @@ class Ref:
 
 @dataclass(frozen=True, slots=True)
 class Lit:
+    """A constant; ``pg_type`` ``"int8"`` marks an integer PostgreSQL types bigint (the
+    engine must not narrow it to a 32-bit integer, e.g. ``-2147483648``)."""
+
     value: Any
+    pg_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,15 @@ class Bin:
     op: str  # = <> < <= > >= + - *
     left: Node
     right: Node
+
+
+@dataclass(frozen=True, slots=True)
+class Neg:
+    """Unary minus, in the operand's own type: PostgreSQL's ``-x`` on a smallint fails for
+    -32768 (``int2um``), where ``0 - x`` is an int subtraction that succeeds. (Found: ``HAVING
+    -min(s) < 0`` written as ``0 - min(s)`` hid the query's 'smallint out of range'.)"""
+
+    arg: Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +85,7 @@ class IsNull:
     negated: bool
 
 
-Node = Ref | Lit | Bin | BoolOp | Not | IsNull
+Node = Ref | Lit | Bin | Neg | BoolOp | Not | IsNull
 
 COMPARISONS = frozenset({"=", "<>", "!=", "<", "<=", ">", ">="})
 ARITHMETIC = frozenset({"+", "-", "*"})
@@ -147,7 +161,7 @@ def _translate(node: Any, names: dict[str, str], avg: frozenset[str],
     if printed in names:
         return Ref(names[printed])
     if isinstance(node, ast.A_Const):
-        return Lit(_constant(node))
+        return _constant(node)
     if isinstance(node, ast.ParamRef):
         number = int(node.number or 0)
         if params is None or not 1 <= number <= len(params):
@@ -159,10 +173,12 @@ def _translate(node: Any, names: dict[str, str], avg: frozenset[str],
     if isinstance(node, ast.A_Expr) and node.kind == A_Expr_Kind.AEXPR_OP \
             and len(node.name or ()) == 1:
         op = str(node.name[0].sval)  # type: ignore[index]
+        if op in ARITHMETIC:
+            _no_param_operand(node)
         right = _translate(node.rexpr, names, avg, params)
         if node.lexpr is None:
             if op == "-":
-                return Bin("-", Lit(0), right)
+                return Neg(right)
             raise NotTranslatable(f"prefix operator {op}")
         if op in COMPARISONS or op in ARITHMETIC:
             return Bin(op, _translate(node.lexpr, names, avg, params), right)
@@ -180,14 +196,36 @@ def _translate(node: Any, names: dict[str, str], avg: frozenset[str],
     raise NotTranslatable(f"expression {printed!r} is not evaluated outside PostgreSQL")
 
 
-def _constant(node: Any) -> object:
+def _no_param_operand(node: Any) -> None:
+    """Refuses a ``$n`` operand of ``+ - *`` (or of unary minus): PostgreSQL types it by the
+    bound value (psycopg binds a small Python int as smallint, so ``min(s) + $1`` is int2
+    arithmetic that overflows at 32767 + 1), the engine by the Python type (int). (Found: a
+    smallint overflow error hidden.) A parameter compared with a value keeps its meaning."""
+    for operand in (node.lexpr, node.rexpr):
+        if isinstance(operand, ast.ParamRef):
+            raise NotTranslatable(f"parameter ${operand.number} inside arithmetic (typed by "
+                                  "its bound value in PostgreSQL)")
+
+
+_INT8 = range(-2**63, 2**63)
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _constant(node: Any) -> Lit:
+    """The literal with PostgreSQL's type: an integer is int4, else int8 when it fits
+    (pglast gives an ``ast.Float`` beyond int4; PostgreSQL's ``make_const`` types it bigint,
+    so ``sum(v) * 3000000000`` overflows there — found: as a Decimal it did not in Spark),
+    else numeric."""
     if node.isnull:
-        return None
+        return Lit(None)
     val = node.val
     if isinstance(val, ast.Integer):
-        return int(val.ival or 0)
+        return Lit(int(val.ival or 0))
     if isinstance(val, ast.Float):
-        return Decimal(str(val.fval))  # a numeric literal in PostgreSQL
+        text = str(val.fval)
+        if _INTEGER.fullmatch(text) and int(text) in _INT8:
+            return Lit(int(text), "int8")
+        return Lit(Decimal(text))
     if isinstance(val, ast.Boolean):
-        return bool(val.boolval)
+        return Lit(bool(val.boolval))
     raise NotTranslatable(f"constant {to_sql(node)} (only numbers and booleans)")

@@ -11,6 +11,7 @@ from sketches.sql.spark_translate import (
     BoolOp,
     IsNull,
     Lit,
+    Neg,
     Not,
     NotTranslatable,
     Ref,
@@ -41,7 +42,7 @@ def test_translate_tree() -> None:
         Bin(">=", Bin("+", Ref("a0"), Bin("*", Lit(2), Ref("a1"))), Lit(10)),
         IsNull(Ref("e0"), False))))
     assert translate("-sum(v) < 1.5", NAMES, AVG, None) == \
-        Bin("<", Bin("-", Lit(0), Ref("a0")), Lit(Decimal("1.5")))
+        Bin("<", Neg(Ref("a0")), Lit(Decimal("1.5")))
 
 
 @pytest.mark.parametrize(("text", "params", "message"), [
