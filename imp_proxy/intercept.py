@@ -60,14 +60,14 @@ log = logging.getLogger(__name__)
 # it while a service connection prepares (a capture can take seconds), and a client timeout
 # shorter than that ended the session (found: FATAL 25P03 where PostgreSQL ran the query).
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
-                  "SET LOCAL idle_in_transaction_session_timeout = 0",
                   "SELECT pg_export_snapshot(), "
                   + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", current_setting('default_transaction_isolation') = 'serializable', "
                   + SERVER_STARTED + ", pg_catalog.pg_client_encoding(),"
                   " extract(epoch FROM current_setting('statement_timeout')::interval)::float8,"
-                  " current_setting('lock_timeout')")
+                  " current_setting('lock_timeout'),"
+                  " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true)")
 NOT_UTF8 = ("the session's client_encoding is not UTF8: the proxy reads the client's SQL and "
             "parameters as UTF-8")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
