@@ -1,16 +1,35 @@
-import re, statistics, sys
-def added(f):
-    out = {}
-    for line in open(f):
-        m = re.match(r"\| (unchanged|after a write) \| (simple|extended) \| [\d.]+ \| [\d.]+ \| \+?(-?[\d.]+) \|", line)
-        if m:
-            out[(m.group(1), m.group(2))] = float(m.group(3))
+"""Pairs the ``added p50`` figures of ``before-N.md`` and ``after-N.md`` in the current
+directory (N = 1 … 8) and prints the differences and their median per scenario."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+_ROW = re.compile(r"\| (unchanged|after a write) \| (simple|extended) \| [\d.]+ \| [\d.]+ \|"
+                  r" \+?(-?[\d.]+) \|")
+
+
+def added(path: str) -> dict[tuple[str, str], float]:
+    """(scenario, protocol) -> added p50 ms of one latency_bench report."""
+    out: dict[tuple[str, str], float] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = _ROW.match(line)
+            if m:
+                out[(m.group(1), m.group(2))] = float(m.group(3))
     return out
-rows = {}
-for i in range(1, 9):
-    a = added(f"after-{i}.md"); b = added(f"before-{i}.md")
-    for k in a:
-        rows.setdefault(k, []).append((b[k], a[k], round(a[k] - b[k], 3)))
-for k, v in rows.items():
-    print(k, "before med", statistics.median(x[0] for x in v), "after med", statistics.median(x[1] for x in v),
-          "diffs", [x[2] for x in v], "median diff", round(statistics.median(x[2] for x in v), 3))
+
+
+def main() -> None:
+    diffs: dict[tuple[str, str], list[float]] = {}
+    for i in range(1, 9):
+        after, before = added(f"after-{i}.md"), added(f"before-{i}.md")
+        for key, value in after.items():
+            diffs.setdefault(key, []).append(round(value - before[key], 3))
+    for key, values in diffs.items():
+        print(key, values, "median", round(statistics.median(values), 3))
+
+
+if __name__ == "__main__":
+    main()
