@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -325,17 +326,25 @@ def _make_table(conn: Conn) -> str:
     return name
 
 
-def test_a_repeatable_read_writer_older_than_the_tracking_is_audited(conn: Conn,
-                                                                     db_dsn: str) -> None:
-    """The triggers read their columns from their arguments: a writer whose snapshot predates
-    the tracking cannot see the imp.tracked_tables row (found: its inserts left no audit rows,
-    and a maintained sketch lost their group)."""
+@contextlib.contextmanager
+def _writer_older_than_tracking(conn: Conn, db_dsn: str) -> Iterator[tuple[Conn, str]]:
+    """A writer in a REPEATABLE READ transaction whose snapshot was taken before its new
+    table (yielded with it) was tracked."""
     pg_extensions.install(conn)
     name = _make_table(conn)
     with psycopg.connect(db_dsn, autocommit=True) as w:
         w.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         w.execute("SELECT 1")
         conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+        yield w, name
+
+
+def test_a_repeatable_read_writer_older_than_the_tracking_is_audited(conn: Conn,
+                                                                     db_dsn: str) -> None:
+    """The triggers read their columns from their arguments: a writer whose snapshot predates
+    the tracking cannot see the imp.tracked_tables row (found: its inserts left no audit rows,
+    and a maintained sketch lost their group)."""
+    with _writer_older_than_tracking(conn, db_dsn) as (w, name):
         insert_series(w, name, 1, 3, "x")
         w.execute(sql.SQL("UPDATE {} SET s = 'y' WHERE id = 1").format(sql.Identifier(name)))
         w.execute(sql.SQL("DELETE FROM {} WHERE id = 2").format(sql.Identifier(name)))
@@ -348,12 +357,7 @@ def test_a_truncate_older_than_the_tracking_fails_as_a_serialization_failure(
         conn: Conn, db_dsn: str) -> None:
     """TRUNCATE bumps the epoch row, which such a writer cannot see: it must fail (40001,
     retry), never pass unseen."""
-    pg_extensions.install(conn)
-    name = _make_table(conn)
-    with psycopg.connect(db_dsn, autocommit=True) as w:
-        w.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        w.execute("SELECT 1")
-        conn.execute("SELECT imp.track_table(%s::regclass)", (name,))
+    with _writer_older_than_tracking(conn, db_dsn) as (w, name):
         with pytest.raises(psycopg.errors.SerializationFailure):
             w.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(name)))
         w.execute("ROLLBACK")
