@@ -278,13 +278,20 @@ def _probe(sql: str, types: tuple[int, ...], verify: str | None) -> bytes:
     parameter types) and, when it declared any, without them: the types PostgreSQL infers,
     which the library's own statements get (:func:`decode_params`). ``verify``: the name of
     the client's statement that the batch Binds without a Parse; one DataRow answers
-    whether it holds that SQL with the probe's parameter types (``t``/``f``). No Sync."""
+    whether it holds that SQL with the probe's parameter types (``t``/``f``), and a Describe
+    of it fails where its plan may no longer return its result type. No Sync."""
     out = (codec.encode_parse(PROBE_STATEMENT, sql, types)
            + codec.encode_describe("S", PROBE_STATEMENT))
     if verify is not None:
+        # the Describe revalidates the client's statement: one whose result type changed
+        # since it was prepared (ALTER COLUMN TYPE, another search_path) raises 0A000 there,
+        # as its Bind would, and pgjdbc prepares it again; the proxy's statement, parsed
+        # afresh, answered with the new type, which pgjdbc decoded as the old one (found: a
+        # numeric sum read as an int8, 562954248388608 for 1601800)
         out += (codec.encode_parse(VERIFY_STATEMENT, _VERIFY, (25,))
                 + codec.encode_bind(Bind("", VERIFY_STATEMENT, (), (verify.encode(),), ()))
-                + codec.encode_execute("") + codec.encode_close("S", VERIFY_STATEMENT))
+                + codec.encode_execute("") + codec.encode_close("S", VERIFY_STATEMENT)
+                + codec.encode_describe("S", verify))
     out += codec.encode_close("S", PROBE_STATEMENT)
     if any(types):
         out += (codec.encode_parse(INFERRED_STATEMENT, sql)
@@ -343,6 +350,8 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     params: list[object] | None = None
     if bind is not None:
         described = [_parameter_types(m) for t, m in replies if t == PARAMETER_DESCRIPTION]
+        if verify is not None:
+            del described[1:2]   # the client's statement's, described after the probe's
         types = described[0] if described else types
         params = decode_params(bind, types, described[-1] if described else types)
         if params is None:

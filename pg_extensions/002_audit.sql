@@ -13,6 +13,9 @@ CREATE TABLE IF NOT EXISTS imp.tracked_tables (
     epoch       bigint NOT NULL DEFAULT 0,
     tracked_at  timestamptz NOT NULL DEFAULT now()
 );
+-- The table's relfilenode when its audit table was last built: an ALTER TABLE that rewrote the
+-- table (ALTER COLUMN TYPE … USING, even to the same type) changed its values.
+ALTER TABLE imp.tracked_tables ADD COLUMN IF NOT EXISTS filenode oid;
 
 -- Epochs come from one sequence: every tracking lifetime and every bump gets a value never used
 -- before, so a table untracked (e.g. its audit table dropped by hand) and tracked again can never
@@ -74,7 +77,9 @@ BEGIN
                            (SELECT rolname FROM pg_roles WHERE oid = grantee.role_oid));
         END IF;
     END LOOP;
-    UPDATE imp.tracked_tables SET audit_table = audit, columns = cols WHERE relid = rel::oid;
+    UPDATE imp.tracked_tables SET audit_table = audit, columns = cols,
+        filenode = (SELECT c.relfilenode FROM pg_class c WHERE c.oid = rel)
+    WHERE relid = rel::oid;
     PERFORM imp._create_audit_triggers(rel, cols);
     RETURN audit;
 END $$;
@@ -304,6 +309,33 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION imp._retrack(regclass) FROM PUBLIC;
 
+-- Does the audit of `rel` still hold after an ALTER of it: the same columns (names, types,
+-- typmods, collations) as its audit table and no rewrite since it was built? Then nothing is
+-- rebuilt and its sketches stay valid. Why: rebuilding drops the audit table, which waits for
+-- every open writer of the table while the ALTER holds its own lock; after the weak ones
+-- (SET STATISTICS, which a capture runs, or SET (fillfactor)) a capture stalled behind an open
+-- writer and blocked every other writer, and a writer's ANALYZE deadlocked with it (found).
+-- A partitioned table has no storage to compare: always rebuilt.
+CREATE OR REPLACE FUNCTION imp._audit_current(rel regclass) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(c.relkind <> 'p' AND t.filenode = c.relfilenode
+        AND (SELECT array_agg(format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod,
+                                     a.attcollation) ORDER BY a.attnum)
+             FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped)
+          = (SELECT array_agg(format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod,
+                                     a.attcollation) ORDER BY a.attnum)
+             FROM pg_attribute a WHERE a.attrelid = t.audit_table AND a.attnum > 0
+               AND NOT a.attisdropped AND a.attname NOT IN ('_xid', '_mult')), false)
+    FROM imp.tracked_tables t JOIN pg_class c ON c.oid = t.relid
+    WHERE t.relid = rel
+$$;
+REVOKE ALL ON FUNCTION imp._audit_current(regclass) FROM PUBLIC;
+
+-- A table whose audit table exists is tracked, whatever the caller's snapshot sees (to_regclass
+-- reads the catalog as it is now): DDL from a REPEATABLE READ or SERIALIZABLE transaction whose
+-- snapshot predates the tracking cannot bump the epoch it cannot see, and fails with 40001
+-- (found: an ALTER COLUMN TYPE … USING from such a transaction went unseen, and a DROP COLUMN
+-- broke every later write in the audit triggers).
 CREATE OR REPLACE FUNCTION imp._ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE rel oid;
@@ -312,10 +344,27 @@ BEGIN
         RETURN;
     END IF;
     FOR rel IN
+        SELECT DISTINCT c.objid FROM pg_event_trigger_ddl_commands() c
+        WHERE c.classid = 'pg_class'::regclass
+          AND to_regclass(format('imp.%I', 'delta_' || c.objid)) IS NOT NULL
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM imp.tracked_tables t WHERE t.relid = rel) THEN
+            RAISE EXCEPTION 'could not serialize access due to concurrent tracking of table %',
+                rel::regclass
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'The table''s change tracking began after this transaction''s'
+                             ' snapshot. The transaction might succeed if retried.';
+        END IF;
+        IF imp._audit_current(rel::regclass) THEN
+            PERFORM imp._audit_always(rel::regclass);
+        ELSE
+            PERFORM imp._retrack(rel::regclass);
+        END IF;
+    END LOOP;
+    FOR rel IN
         SELECT DISTINCT t.relid FROM pg_event_trigger_ddl_commands() c
         JOIN imp.tracked_tables t
-          ON (c.classid = 'pg_class'::regclass AND c.objid = t.relid)
-          OR (c.classid = 'pg_type'::regclass AND EXISTS (
+          ON (c.classid = 'pg_type'::regclass AND EXISTS (
                 SELECT 1 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
                 WHERE a.attrelid = t.relid AND a.attnum > 0 AND NOT a.attisdropped
                   AND c.objid IN (ty.oid, ty.typelem, ty.typbasetype)

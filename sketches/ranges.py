@@ -227,6 +227,14 @@ def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
     return values
 
 
+STATISTICS_LOCK_WAIT = "100ms"
+"""How long the capture's ``ALTER … SET STATISTICS`` and ``ANALYZE`` wait for a lock (at most:
+a shorter ``lock_timeout`` in force is kept). They need a SHARE UPDATE EXCLUSIVE lock, which a
+VACUUM, an ANALYZE or a CREATE INDEX CONCURRENTLY holds, where the query itself needs only
+ACCESS SHARE: a query PostgreSQL answers at once waited for the whole VACUUM (found: pgjdbc's
+query timeout of 2 s ran out). Failing, the capture passes the query through."""
+
+
 def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> None:
     """Raises the column's statistics target to ``wanted`` (if lower) and runs ANALYZE.
 
@@ -245,12 +253,19 @@ def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: 
     ident = sql.Identifier(info.schema, info.table)
     col = sql.Identifier(info.column)
     current = info.stats_target if info.stats_target >= 0 else 100
+    row = conn.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout',"
+                       " CASE WHEN current_setting('lock_timeout')::interval"
+                       " BETWEEN '1 us' AND %s::interval THEN current_setting('lock_timeout')"
+                       " ELSE %s END, true)", (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)
+                       ).fetchone()
+    assert row is not None
     if current < target:
         log.info("raising statistics target of %s.%s.%s to %d",
                  info.schema, info.table, info.column, target)
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STATISTICS {}").format(
             ident, col, sql.Literal(target)))
     conn.execute(sql.SQL("ANALYZE {} ({})").format(ident, col))
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (row[0],))
 
 
 _TEXT_STYLE = ("SELECT set_config('DateStyle', 'ISO, YMD', true),"

@@ -241,3 +241,23 @@ def test_valid_named_statement_with_a_parameter_is_used(env: tuple[str, str],
         assert_same_stream(env, steps)
     with psycopg.connect(proxy_dsn, autocommit=True) as c:
         rounds_until_used(c, one_round)
+
+
+def test_a_statement_whose_result_type_changed_gets_postgresqls_error(
+        env: tuple[str, str]) -> None:
+    """PostgreSQL answers a prepared statement whose result type changed since it was
+    prepared with 0A000, and pgjdbc then prepares it again; the proxy's statement, parsed
+    afresh, answered with the new type, which pgjdbc decoded as the old one (found: a numeric
+    sum read as an int8, 562954248388608 for 1601800). The statement check compares the
+    result types too."""
+    table = ("SET client_min_messages = warning; DROP TABLE IF EXISTS rt_ps;"
+             " CREATE TABLE rt_ps (g int NOT NULL, v int NOT NULL);"
+             " INSERT INTO rt_ps SELECT i % 40, i FROM generate_series(1, 4000) i;"
+             " ANALYZE rt_ps")
+    q = "SELECT g, sum(v) AS s FROM rt_ps GROUP BY g HAVING count(*) > 99 ORDER BY g"
+    steps = [(query(table), 1), (parse("rt1", q) + SYNC, 1)]
+    steps += [(bind("rt1") + execute() + SYNC, 1)] * 3
+    steps += [(query("ALTER TABLE rt_ps ALTER COLUMN v TYPE bigint"), 1),
+              (bind("rt1") + execute() + SYNC, 1)]
+    assert assert_same_stream(env, steps) >= 1
+    assert _run(env[1], steps)[-1][0][0] == ord("E")

@@ -533,3 +533,34 @@ def test_a_literal_postgresql_15_rejects_gets_its_syntax_error(ldsn: str, db_dsn
             psycopg.connect(ldsn, autocommit=True) as c:
         for conn in (d, c):
             assert _rows_or_error(conn, q) == ("error", "42601")
+
+
+def test_a_capture_never_waits_for_a_lock_the_query_does_not_need(ldsn: str,
+                                                                  db_dsn: str) -> None:
+    """The capture's ``SET STATISTICS`` and ``ANALYZE`` need a SHARE UPDATE EXCLUSIVE lock,
+    which a VACUUM or a CREATE INDEX CONCURRENTLY holds; the query needs only ACCESS SHARE
+    (found: pgjdbc's 2 s query timeout ran out where PostgreSQL answers at once). The capture
+    gives up after a short wait and the query passes through: answered while the lock is held."""
+    table = "su_lock"
+    q = f"SELECT g, count(*) FROM {table} GROUP BY g HAVING count(*) > 150 ORDER BY g"
+    with psycopg.connect(db_dsn, autocommit=True) as d:
+        d.execute(f"DROP TABLE IF EXISTS {table}")
+        d.execute(f"CREATE TABLE {table} AS SELECT i AS id, i % 10 AS g FROM"
+                  " generate_series(1, 2000) i")
+        expected = d.execute(q).fetchall()
+    released = threading.Event()
+    with psycopg.connect(db_dsn) as locker, psycopg.connect(ldsn, autocommit=True) as c:
+        locker.execute(f"LOCK TABLE {table} IN SHARE UPDATE EXCLUSIVE MODE")
+
+        def release() -> None:
+            released.set()
+            locker.rollback()
+        timer = threading.Timer(30.0, release)   # else the old code never answers
+        timer.start()
+        try:
+            assert c.execute(q).fetchall() == expected
+            assert not released.is_set()
+        finally:
+            timer.cancel()
+            if not released.is_set():
+                release()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -427,13 +428,11 @@ def test_ddl_under_the_replica_role_is_seen(conn: Conn, tracked: str) -> None:
         conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER ALL").format(sql.Identifier(tracked)))
         insert_series(conn, tracked, 1, 2, "bulk")
         assert [r[5] for r in audit_rows(conn, tracked)] == ["bulk", "bulk"]
-        before = epoch(conn, tracked)
         conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER ALL").format(sql.Identifier(tracked)))
-        assert epoch(conn, tracked) != before   # a rebuilt audit table starts empty
         insert_series(conn, tracked, 3, 3, "after")
     finally:
         conn.execute("RESET session_replication_role")
-    assert [r[5] for r in audit_rows(conn, tracked)] == ["after"]
+    assert [r[5] for r in audit_rows(conn, tracked)] == ["bulk", "bulk", "after"]
     modes = conn.execute("SELECT DISTINCT tgenabled FROM pg_trigger WHERE tgrelid = %s::regclass"
                          " AND tgname LIKE 'imp\\_audit\\_%%'", (tracked,)).fetchall()
     assert modes == [("A",)]
@@ -475,3 +474,70 @@ def test_an_alter_table_that_keeps_the_columns_keeps_the_triggers(conn: Conn,
     conn.execute(sql.SQL("INSERT INTO {} (id, w) VALUES (1, 7)").format(sql.Identifier(tracked)))
     audit = audit_table(conn, tracked)
     assert conn.execute(sql.SQL("SELECT w FROM {}").format(sql.SQL(audit))).fetchall() == [(7,)]
+
+
+@pytest.mark.parametrize("ddl", ["ALTER TABLE {} ALTER COLUMN v TYPE bigint USING v * 100",
+                                 "ALTER TABLE {} DROP COLUMN s"])
+def test_ddl_older_than_the_tracking_fails_as_a_serialization_failure(conn: Conn, db_dsn: str,
+                                                                      ddl: str) -> None:
+    """The event trigger looked the table up in the DDL transaction's snapshot, which
+    predates the tracking (found: an ALTER COLUMN TYPE … USING went unseen, a wrong answer;
+    a DROP COLUMN broke every later write in the audit triggers). It now fails with 40001."""
+    with _writer_older_than_tracking(conn, db_dsn) as (w, name):
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            w.execute(sql.SQL(ddl).format(sql.Identifier(name)))
+        w.execute("ROLLBACK")
+    insert_series(conn, name, 1, 1, "still audited")
+    assert [r[5] for r in audit_rows(conn, name)] == ["still audited"]
+
+
+@pytest.mark.parametrize("ddl", ["ALTER TABLE {} ALTER COLUMN g SET STATISTICS 500",
+                                 "ALTER TABLE {} SET (fillfactor = 80)",
+                                 "ALTER TABLE {} DISABLE TRIGGER ALL"])
+def test_an_alter_table_that_changes_no_value_keeps_the_audit(conn: Conn, tracked: str,
+                                                              ddl: str) -> None:
+    """Rebuilding the audit table waits for every open writer of the table while the ALTER
+    holds its lock (found: a capture's SET STATISTICS stalled behind an open writer and blocked
+    every other writer; a writer's ANALYZE deadlocked with SET (fillfactor)). Without a change
+    of columns or a rewrite, the audit table, its rows and the epoch stay."""
+    insert_series(conn, tracked, 1, 1, "kept")
+    before = (epoch(conn, tracked), audit_table(conn, tracked))
+    conn.execute(sql.SQL(ddl).format(sql.Identifier(tracked)))
+    assert (epoch(conn, tracked), audit_table(conn, tracked)) == before
+    insert_series(conn, tracked, 2, 2, "new")
+    assert [r[5] for r in audit_rows(conn, tracked)] == ["kept", "new"]
+
+
+def test_a_rewrite_to_the_same_type_bumps_the_epoch(conn: Conn, tracked: str) -> None:
+    """``ALTER COLUMN TYPE`` to the same type ``USING`` an expression changes every value and
+    no column: the table's rewrite tells it."""
+    before = epoch(conn, tracked)
+    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN g TYPE int USING g + 1")
+                 .format(sql.Identifier(tracked)))
+    assert epoch(conn, tracked) != before
+
+
+def test_a_weak_alter_table_never_deadlocks_an_open_writer(conn: Conn, db_dsn: str,
+                                                           tracked: str) -> None:
+    """PostgreSQL alone: ``SET (fillfactor)`` never waits for a writer, whose later ANALYZE
+    waits for it; both succeed (found: 40P01 on a tracked table)."""
+    outcome: dict[str, str] = {}
+    with psycopg.connect(db_dsn) as w:
+        insert_series(w, tracked, 1, 1, "open")
+
+        def alter() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as d:
+                    d.execute(sql.SQL("ALTER TABLE {} SET (fillfactor = 70)")
+                              .format(sql.Identifier(tracked)))
+                outcome["alter"] = "ok"
+            except psycopg.Error as exc:
+                outcome["alter"] = str(exc.sqlstate)
+        other = threading.Thread(target=alter)
+        other.start()
+        other.join(1.0)
+        w.execute("SET lock_timeout = '10s'")
+        w.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(tracked)))
+        w.commit()
+        other.join(30)
+    assert outcome == {"alter": "ok"}
