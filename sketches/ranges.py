@@ -227,12 +227,22 @@ def _stats_values(conn: psycopg.Connection[Any], info: ColumnInfo) -> list[Any]:
     return values
 
 
-STATISTICS_LOCK_WAIT = "100ms"
-"""How long the capture's ``ALTER … SET STATISTICS`` and ``ANALYZE`` wait for a lock (at most:
-a shorter ``lock_timeout`` in force is kept). They need a SHARE UPDATE EXCLUSIVE lock, which a
-VACUUM, an ANALYZE or a CREATE INDEX CONCURRENTLY holds, where the query itself needs only
-ACCESS SHARE: a query PostgreSQL answers at once waited for the whole VACUUM (found: pgjdbc's
-query timeout of 2 s ran out). Failing, the capture passes the query through."""
+_LOCKED = ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l"
+           " JOIN pg_catalog.pg_class AS c ON c.oid = l.relation"
+           " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
+           " WHERE n.nspname = %s AND c.relname = %s AND l.pid <> pg_catalog.pg_backend_pid()"
+           " AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock',"
+           " 'ExclusiveLock', 'AccessExclusiveLock'))")
+"""Does another session hold, or wait for, a lock that the capture's ``ALTER … SET
+STATISTICS`` and ``ANALYZE`` (SHARE UPDATE EXCLUSIVE) would wait for? A VACUUM, an ANALYZE or a
+CREATE INDEX CONCURRENTLY does, where the query itself needs only ACCESS SHARE: a query
+PostgreSQL answers at once waited for the whole VACUUM (found: pgjdbc's 2 s query timeout ran
+out). Then the existing statistics (or exact quantiles) serve."""
+
+STATISTICS_LOCK_WAIT = "2s"
+"""How long those two wait for a lock taken after the check above (at most: a shorter
+``lock_timeout`` in force is kept); longer than ``deadlock_timeout``, after which an
+autovacuum in the way cancels itself. Failing, the capture passes the query through."""
 
 
 def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> None:
@@ -253,6 +263,11 @@ def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: 
     ident = sql.Identifier(info.schema, info.table)
     col = sql.Identifier(info.column)
     current = info.stats_target if info.stats_target >= 0 else 100
+    busy = conn.execute(_LOCKED, (info.schema, info.table)).fetchone()
+    if busy is not None and busy[0]:
+        log.info("%s.%s is locked against ANALYZE: using its existing statistics", info.schema,
+                 info.table)
+        return
     row = conn.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout',"
                        " CASE WHEN current_setting('lock_timeout')::interval"
                        " BETWEEN '1 us' AND %s::interval THEN current_setting('lock_timeout')"

@@ -950,7 +950,8 @@ def test_audit_table_rebuilt_after_the_snapshot_invalidates(db: str, warm: bool)
     with snapshot_conn(db) as q:
         q.execute("SELECT 1")  # the query's snapshot: sees the insert, not the DDL below
         with psycopg.connect(db, autocommit=True) as c:
-            c.execute("ALTER TABLE s1 ALTER COLUMN v SET STATISTICS 100")
+            c.execute("ALTER TABLE s1 ADD COLUMN rebuilt int")   # other columns: rebuilt
+            c.execute("ALTER TABLE s1 DROP COLUMN rebuilt")
         with pytest.raises(Invalidated):
             pipe.maintain(q)
 
