@@ -1,10 +1,13 @@
 """Pairs the ``added p50`` figures of ``before-N.md`` and ``after-N.md`` in the current
-directory (N = 1 … 8) and prints the differences and their median per scenario."""
+directory (N = 1, 2, … while both exist) and prints the differences and their median per
+scenario."""
 
 from __future__ import annotations
 
 import re
 import statistics
+from itertools import count
+from pathlib import Path
 
 _ROW = re.compile(r"\| (unchanged|after a write) \| (simple|extended) \| [\d.]+ \| [\d.]+ \|"
                   r" \+?(-?[\d.]+) \|")
@@ -23,7 +26,9 @@ def added(path: str) -> dict[tuple[str, str], float]:
 
 def main() -> None:
     diffs: dict[tuple[str, str], list[float]] = {}
-    for i in range(1, 9):
+    for i in count(1):
+        if not (Path(f"after-{i}.md").exists() and Path(f"before-{i}.md").exists()):
+            break
         after, before = added(f"after-{i}.md"), added(f"before-{i}.md")
         for key, value in after.items():
             diffs.setdefault(key, []).append(round(value - before[key], 3))
