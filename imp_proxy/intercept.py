@@ -81,7 +81,7 @@ PROBE_STATEMENT = f"_imp_probe_{_SUFFIX}"        # the client's SQL: its paramet
 INFERRED_STATEMENT = f"_imp_inferred_{_SUFFIX}"  # the same without declared types
 WRAP_STATEMENT = f"_imp_wrapped_{_SUFFIX}"       # the instrumented SQL the Bind is moved to
 CHECK_STATEMENT = f"_imp_check_{_SUFFIX}"        # privilege checks run as the client
-OWN_STATEMENT = f"_imp_own_{_SUFFIX}"            # BEGIN, SET, SELECT, COMMIT, ROLLBACK
+OWN_STATEMENT = f"_imp_own_{_SUFFIX}"            # BEGIN, SELECT, COMMIT, ROLLBACK
 VERIFY_STATEMENT = f"_imp_verify_{_SUFFIX}"      # is the client's statement the recorded one?
 # The client's named statement (text parameter) holds the probe's SQL and parameter types.
 _VERIFY = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements c,"
@@ -251,19 +251,23 @@ def _parameter_types(msg: bytes) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ snapshot + prepare
 
+def _once(name: str, sql: str, params: tuple[bytes | None, ...] = (),
+          types: tuple[int, ...] = ()) -> bytes:
+    """``sql`` Parsed as the proxy's statement ``name``, Bound with ``params`` (text) to the
+    unnamed portal, Executed and Closed. No Sync."""
+    return (codec.encode_parse(name, sql, types)
+            + codec.encode_bind(Bind("", name, (), params, ()))
+            + codec.encode_execute("") + codec.encode_close("S", name))
+
+
 def _own(*sqls: str) -> bytes:
-    """The proxy's fixed statements ``sqls`` in the extended protocol, each Parsed as a
-    proxy-owned named statement, Bound to the unnamed portal, Executed and Closed; first a
-    Close of that name (one left by a failure after its Parse). No Sync.
+    """The proxy's fixed statements ``sqls`` in the extended protocol (:func:`_once`); first a
+    Close of their name (one left by a failure after its Parse). No Sync.
 
     Why not a simple Query: PostgreSQL's exec_simple_query drops the client's unnamed
     prepared statement, which the client may Bind again after the wrapping."""
-    out = codec.encode_close("S", OWN_STATEMENT)
-    for sql in sqls:
-        out += (codec.encode_parse(OWN_STATEMENT, sql)
-                + codec.encode_bind(Bind("", OWN_STATEMENT, (), (), ()))
-                + codec.encode_execute("") + codec.encode_close("S", OWN_STATEMENT))
-    return out
+    return codec.encode_close("S", OWN_STATEMENT) + b"".join(
+        _once(OWN_STATEMENT, sql) for sql in sqls)
 
 
 _ROLLBACK = _own("ROLLBACK") + codec.encode_sync()
@@ -288,9 +292,7 @@ def _probe(sql: str, types: tuple[int, ...], verify: str | None) -> bytes:
         # as its Bind would, and pgjdbc prepares it again; the proxy's statement, parsed
         # afresh, answered with the new type, which pgjdbc decoded as the old one (found: a
         # numeric sum read as an int8, 562954248388608 for 1601800)
-        out += (codec.encode_parse(VERIFY_STATEMENT, _VERIFY, (25,))
-                + codec.encode_bind(Bind("", VERIFY_STATEMENT, (), (verify.encode(),), ()))
-                + codec.encode_execute("") + codec.encode_close("S", VERIFY_STATEMENT)
+        out += (_once(VERIFY_STATEMENT, _VERIFY, (verify.encode(),), (25,))
                 + codec.encode_describe("S", verify))
     out += codec.encode_close("S", PROBE_STATEMENT)
     if any(types):
@@ -584,10 +586,7 @@ async def client_may_not_run(s: Session, sql: str) -> str | None:
     ``EXPLAIN`` on the client's own backend (permission checks and planning, no execution;
     the extended protocol refuses a second statement)."""
     payload = (codec.encode_close("S", CHECK_STATEMENT)
-               + codec.encode_parse(CHECK_STATEMENT, "EXPLAIN " + sql)
-               + codec.encode_bind(Bind("", CHECK_STATEMENT, (), (), ()))
-               + codec.encode_execute("") + codec.encode_close("S", CHECK_STATEMENT)
-               + codec.encode_sync())
+               + _once(CHECK_STATEMENT, "EXPLAIN " + sql) + codec.encode_sync())
     return _first_error(await s.exchange_with_upstream(payload, 1))
 
 
@@ -608,10 +607,7 @@ async def readable_sketches(s: Session, sketches: list[dict[str, object]]
     if s.scanner.status == ord("E"):
         return []  # a failed transaction cannot answer: show nothing rather than everything
     payload = (codec.encode_close("S", CHECK_STATEMENT)
-               + codec.encode_parse(CHECK_STATEMENT, _READABLE)
-               + codec.encode_bind(Bind("", CHECK_STATEMENT, (), (json.dumps(tables).encode(),),
-                                        ()))
-               + codec.encode_execute("") + codec.encode_close("S", CHECK_STATEMENT)
+               + _once(CHECK_STATEMENT, _READABLE, (json.dumps(tables).encode(),))
                + codec.encode_sync())
     s.enter_parse_mode()
     try:

@@ -160,6 +160,17 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- Raises the serialization failure (40001: retry) of a transaction whose snapshot predates the
+-- tracking of `rel`: it cannot see, so cannot bump, the table's epoch row.
+CREATE OR REPLACE FUNCTION imp._tracked_after_snapshot(rel regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'could not serialize access due to concurrent tracking of table %', rel
+        USING ERRCODE = 'serialization_failure',
+              HINT = 'The table''s change tracking began after this transaction''s snapshot.'
+                     ' The transaction might succeed if retried.';
+END $$;
+
 -- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally). A
 -- REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates the tracking cannot see
 -- the row to bump: it fails as a serialization failure (40001: retry), never unseen.
@@ -168,11 +179,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = TG_RELID;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'could not serialize access due to concurrent tracking of table %',
-            TG_RELID::regclass
-            USING ERRCODE = 'serialization_failure',
-                  HINT = 'The table''s change tracking began after this transaction''s snapshot.'
-                         ' The transaction might succeed if retried.';
+        PERFORM imp._tracked_after_snapshot(TG_RELID::regclass);
     END IF;
     RETURN NULL;
 END $$;
@@ -349,11 +356,7 @@ BEGIN
           AND to_regclass(format('imp.%I', 'delta_' || c.objid)) IS NOT NULL
     LOOP
         IF NOT EXISTS (SELECT 1 FROM imp.tracked_tables t WHERE t.relid = rel) THEN
-            RAISE EXCEPTION 'could not serialize access due to concurrent tracking of table %',
-                rel::regclass
-                USING ERRCODE = 'serialization_failure',
-                      HINT = 'The table''s change tracking began after this transaction''s'
-                             ' snapshot. The transaction might succeed if retried.';
+            PERFORM imp._tracked_after_snapshot(rel::regclass);
         END IF;
         IF imp._audit_current(rel::regclass) THEN
             PERFORM imp._audit_always(rel::regclass);

@@ -816,20 +816,17 @@ class SketchManager(IncrementalMaintenance):
                 SketchPart(by_alias[a], p.schema, c, p, f)
                 for a, c, p, f in zip(stored.aliases, stored.columns, stored.partitions,
                                       stored.fragments, strict=True))
-            entry = _Entry(Sketch(stored.id, template, stored.query, stored.params, parts,
+            # the engine needs the values, the instance their numbers (a text parameter is
+            # no threshold), both as bound
+            typed = stored.typed_params()
+            if stored.params is not None and typed is None:
+                continue
+            entry = _Entry(Sketch(stored.id, template, stored.query,
+                                  stored.params if self._custom else typed, parts,
                                   stored.version, stored.strategy),
-                           instance(stored.query, stored.params), stored.captures,
+                           instance(stored.query, typed), stored.captures,
                            stored.maintenances, stored.uses, analysis=stored_analysis,
                            session=incremental.SessionSettings.read(conn))
-            if stored.params is not None:
-                # the engine needs the values, the instance their numbers (a text parameter
-                # is no threshold), both as bound
-                typed = stored.typed_params()
-                if typed is None:
-                    continue
-                entry.instance = instance(stored.query, typed)
-                if not self._custom:
-                    entry.sketch = dataclasses.replace(entry.sketch, params=typed)
             entry.relations = relations.oids
             loaded.append(entry)
         tmpl.entries.extend(loaded)
