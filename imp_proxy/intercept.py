@@ -23,11 +23,16 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_STARTED
+from sketches.typeoids import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGERS, NUMERIC, TEXT_LIKE
 
 from . import admin
 from .errors import UpstreamError
 from .protocol import codec
-from .protocol._struct import FLOAT8, INT16, INT32, INT64, unpack_int16_from
+from .protocol._struct import FLOAT8 as FLOAT8_BYTES
+from .protocol._struct import INT16 as INT16_BYTES
+from .protocol._struct import INT32 as INT32_BYTES
+from .protocol._struct import INT64 as INT64_BYTES
+from .protocol._struct import unpack_int16_from
 from .protocol.framing import ProtocolViolation, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
@@ -157,15 +162,14 @@ def batch_shape(data: bytes, pos: int, max_size: int,
 
 # ------------------------------------------------------------------ parameters
 
-_TEXT_INT = {20, 21, 23}   # not oid: PostgreSQL reads "-1" as 4294967295
-_BINARY = {21: INT16, 23: INT32, 20: INT64, 701: FLOAT8}
+_TEXT_INT = INTEGERS   # not oid: PostgreSQL reads "-1" as 4294967295
+_BINARY = {INT2: INT16_BYTES, INT4: INT32_BYTES, INT8: INT64_BYTES, FLOAT8: FLOAT8_BYTES}
 
 
-_TYPED = frozenset({16, 20, 21, 23, 701, 1700})
+_TYPED = frozenset({BOOL, *INTEGERS, FLOAT8, NUMERIC})
 """Types decoded to Python values (bool, the integers, float8, numeric) that the library's
 own statements bind with psycopg's type for them or inline with their type: they mean there
 what they mean in the client's query."""
-_TEXTS = frozenset({25, 1043})   # text, varchar (varchar has text's operators)
 
 
 def same_meaning(declared: int, inferred: int) -> bool:
@@ -178,7 +182,7 @@ def same_meaning(declared: int, inferred: int) -> bool:
     as a ``timestamp`` (its offset dropped), a ``timestamp`` as a ``date`` (a group missing
     in each)."""
     return (declared in _TYPED or declared == inferred
-            or (declared in _TEXTS and inferred in _TEXTS))
+            or (declared in TEXT_LIKE and inferred in TEXT_LIKE))
 
 
 def decode_params(bind: Bind, types: Sequence[int],
@@ -202,7 +206,7 @@ def decode_params(bind: Bind, types: Sequence[int],
             out.append(None)
             continue
         if bind.param_format(i) == BINARY_FORMAT:
-            if oid == 16 and len(raw) == 1:
+            if oid == BOOL and len(raw) == 1:
                 out.append(raw != b"\x00")
             elif oid in _BINARY and len(raw) == _BINARY[oid].size:
                 out.append(_BINARY[oid].unpack(raw)[0])
@@ -216,13 +220,13 @@ def decode_params(bind: Bind, types: Sequence[int],
         try:
             if oid in _TEXT_INT:
                 out.append(int(text))
-            elif oid == 700:
+            elif oid == FLOAT4:
                 return None
-            elif oid == 701:
+            elif oid == FLOAT8:
                 out.append(float(text))
-            elif oid == 1700:
+            elif oid == NUMERIC:
                 out.append(Decimal(text))
-            elif oid == 16:
+            elif oid == BOOL:
                 out.append(pg_bool(text))
             else:
                 out.append(text)

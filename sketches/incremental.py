@@ -28,24 +28,43 @@ from sketches import catalog, deltas
 from sketches.deltas import Snapshot
 from sketches.ivm import partials
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import FLOAT8, INT_BOUNDS, Col, Const, comparisons, temporal_kind
+from sketches.ivm.expr import INT_BOUNDS, Col, Const, comparisons, temporal_kind
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import PlanSpec, SketchTarget, TableSpec, compile
 from sketches.ivm.sqltext import arithmetic, bind_params, param_literal
 from sketches.sql import QueryAnalysis
+from sketches.typeoids import (
+    BOOL,
+    BPCHAR,
+    BYTEA,
+    CHAR,
+    DATE,
+    FLOAT4,
+    FLOAT8,
+    FLOATS,
+    INT2,
+    INT4,
+    INT8,
+    NAME,
+    NUMERIC,
+    OID,
+    TEXT,
+    TIME,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    TIMETZ,
+    UUID,
+    VARCHAR,
+)
 
 log = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[Any]
 
 STRATEGIES = ("lazy", "eager", "recapture")
-FLOAT_OIDS = frozenset({700, 701})  # real, double precision
 ENGINE_TYPES = frozenset({
-    16, 17, 18, 19, 20, 21, 23, 25, 26,   # bool, bytea, "char", name, int8, int2, int4, text, oid
-    700, 701, 1700,                       # real, double precision, numeric
-    1042, 1043,                           # character(n), varchar
-    1082, 1083, 1114, 1184,               # date, time, timestamp, timestamptz
-    2950,                                 # uuid
+    BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID, FLOAT4, FLOAT8, NUMERIC, BPCHAR, VARCHAR,
+    DATE, TIME, TIMESTAMP, TIMESTAMPTZ, UUID,
 })
 """Types whose Python values (as psycopg loads them) group, compare and add as PostgreSQL's
 do — with the engine's own checks for text order, blank-padded text, NaN and infinity — and
@@ -56,7 +75,6 @@ which psycopg loads with a year of 365 days where PostgreSQL compares 12 months 
 HAVING count(*) sketch missed the group. Others differ too: timetz (equal instants in other
 zones are two values in PostgreSQL), inet and cidr (another order), jsonb and arrays (loaded
 unhashable), ranges and composites."""
-TEXT, BPCHAR, VARCHAR, NUMERIC, FLOAT4 = 25, 1042, 1043, 1700, 700
 READ_AS = {FLOAT4: "({})::float8", BPCHAR: "({})::text"}
 """How values of these types are read into Python, so that they compare there as PostgreSQL
 compares them. A real: widened to float8 exactly, as PostgreSQL widens it to compare it with a
@@ -66,8 +84,8 @@ lost the group of ``0.1``, 0 rows instead of 1). A character(n): without its tra
 which its equality ignores (the cast to text drops them; found: ``'k5 '`` and ``'k5'`` were two
 groups in Python and one in PostgreSQL, and the maintained sketch of ``HAVING count(*) > 100``
 missed the group: 0 rows instead of 1)."""
-_TEMPORAL_TYPES = {1082: "date", 1114: "timestamp", 1184: "timestamptz", 1083: "time",
-                   1266: "timetz"}
+_TEMPORAL_TYPES = {DATE: "date", TIMESTAMP: "timestamp", TIMESTAMPTZ: "timestamptz",
+                   TIME: "time", TIMETZ: "timetz"}
 """The :func:`~sketches.ivm.expr.temporal_kind` of the values of these types."""
 _ARITH_TYPES = frozenset({*INT_BOUNDS, FLOAT8, NUMERIC})
 _COLLATABLE = frozenset({TEXT, BPCHAR, VARCHAR})   # ("char", name: C)
@@ -122,7 +140,7 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     if not partials.eligible(spec):
         _refuse_cast_join_keys(spec, typed)
     _refuse_mixed_temporal(spec, typed)
-    if any(func in ("sum", "avg") and o in FLOAT_OIDS
+    if any(func in ("sum", "avg") and o in FLOATS
            for (func, _a), o in zip(args, oids, strict=False)):
         raise NotMaintainable("sum/avg over a floating-point argument: an incremental "
                               "float sum can drift from PostgreSQL's")

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 
 from sketches.sql import raising
 from sketches.sql.model import ColumnRef, QueryAnalysis
+from sketches.typeoids import INTEGERS, TEXT_LIKE
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ def equivalence_classes(analysis: QueryAnalysis) -> dict[ColumnRef, frozenset[Co
     return {c: frozenset(members) for members in classes.values() for c in members}
 
 
-EXACT_FAMILIES = (frozenset({20, 21, 23}), frozenset({25, 1043}))
+EXACT_FAMILIES = (INTEGERS, TEXT_LIKE)
 """Type oids whose mutual equality loses nothing: integers (int2, int4, int8), text and
 varchar (which has text's operators)."""
 

@@ -78,6 +78,18 @@ from sketches.backends.postgres import resolve_schemas, snapshot_transaction
 from sketches.capture import CaptureResult, CaptureTarget
 from sketches.sketch import SketchPart
 from sketches.sql.model import QueryAnalysis
+from sketches.typeoids import (
+    BOOL,
+    DATE,
+    FLOAT8,
+    INT2,
+    INT4,
+    INT8,
+    NUMERIC,
+    TEXT,
+    TIMESTAMP,
+    VARCHAR,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +105,12 @@ DEFAULT_CONF: tuple[tuple[str, str], ...] = (
 )
 
 # PostgreSQL type oids whose values survive the JDBC → Spark → Python trip unchanged.
-_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8 = 16, 20, 21, 23, 25, 701
-_VARCHAR, _DATE, _TIMESTAMP, _NUMERIC = 1043, 1082, 1114, 1700
-_EXACT_TYPES = frozenset({_BOOL, _INT8, _INT2, _INT4, _TEXT, _FLOAT8, _VARCHAR, _DATE,
-                          _TIMESTAMP, _NUMERIC})  # not char(n): Spark's read-side padding
+_EXACT_TYPES = frozenset({BOOL, INT8, INT2, INT4, TEXT, FLOAT8, VARCHAR, DATE, TIMESTAMP,
+                          NUMERIC})  # not char(n): Spark's read-side padding
 _MAX_DECIMAL = 38   # Spark's largest decimal precision and scale
-_DATETIMES = frozenset({_DATE, _TIMESTAMP})
+_DATETIMES = frozenset({DATE, TIMESTAMP})
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
-_TEXTS = frozenset({_TEXT, _VARCHAR})   # the collatable types Spark reads (not char(n))
+_TEXTS = frozenset({TEXT, VARCHAR})   # the collatable types Spark reads (not char(n))
 
 
 JDBC_SETTINGS = ("search_path", "TimeZone", "DateStyle", "IntervalStyle")
@@ -563,7 +573,7 @@ class SparkBackend:
             if col.type_code not in _EXACT_TYPES:
                 raise BackendUnsupported(f"column {col.name} of {read.schema}.{read.name}: "
                                          f"type oid {col.type_code} is not mapped exactly")
-            if col.type_code == _NUMERIC:
+            if col.type_code == NUMERIC:
                 _check_numeric(read, col.name, col.precision, col.scale)
         return {col.name: col.type_code for col in cur.description or ()}
 
@@ -765,7 +775,7 @@ def _guarded_query(read: TableRead, types: Mapping[str, int]) -> sql.Composable:
     for name in types:
         col = sql.Identifier("imp_g", name)
         if name in guarded:
-            date = types[name] == _DATE
+            date = types[name] == DATE
             fail = sql.SQL("(('not read by Spark (pre-Gregorian or infinite): ' || {c}::text)"
                            "::int{days})").format(c=col, days=sql.SQL(
                                "" if date else " * interval '1 day'"))
@@ -824,7 +834,7 @@ def _sum_value(type_oid: int | None, value: Any) -> Any:
     """``sum`` in PostgreSQL's result type: numeric for bigint input."""
     if value is None:
         return None
-    if type_oid == _INT8:
+    if type_oid == INT8:
         return Decimal(int(value))
     return value
 

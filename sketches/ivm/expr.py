@@ -20,6 +20,7 @@ from typing import Any, TypeAlias
 from sketches.ivm import numeric
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.zset import Row
+from sketches.typeoids import FLOAT8, INT2, INT4, INT8
 
 _CMP: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq, "<>": operator.ne, "!=": operator.ne,
@@ -125,9 +126,8 @@ def as_float8(v: Any) -> Any:
     return v
 
 
-INT_BOUNDS = {21: 1 << 15, 23: 1 << 31, 20: 1 << 63}
+INT_BOUNDS = {INT2: 1 << 15, INT4: 1 << 31, INT8: 1 << 63}
 """Integer result types (smallint, integer, bigint) and the magnitude their values stay below."""
-FLOAT8 = 701
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ from sketches.ivm.errors import InconsistentDelta
 from sketches.ivm.numeric import finite_difference
 from sketches.ivm.ops.aggregate import Partial, ValueChange
 from sketches.ivm.plan import PlanSpec, TableSpec
+from sketches.typeoids import NUMERIC
 
 PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg", "min", "max"})
 Conn = psycopg.Connection[Any]
-NUMERIC_OID = 1700
 
 
 def eligible(spec: PlanSpec) -> bool:
@@ -132,7 +132,7 @@ def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
         sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
     cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
     numeric = [(i, col.scale) for i, col in zip(averaged, cur.description or [], strict=True)
-               if col.type_code == NUMERIC_OID]
+               if col.type_code == NUMERIC]
     return [i for i, s in numeric if s is None], {i: s for i, s in numeric if s is not None}
 
 

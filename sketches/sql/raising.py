@@ -39,6 +39,31 @@ from pglast.stream import RawStream
 from sketches.sql.grammar import AGGREGATES
 from sketches.sql.model import AggregateCall, ColumnRef, Expression, QueryAnalysis
 from sketches.sql.parse import parse_select, to_sql
+from sketches.typeoids import (
+    BOOL,
+    BPCHAR,
+    BYTEA,
+    DATE,
+    FLOAT4,
+    FLOAT8,
+    FLOATS,
+    INT2,
+    INT4,
+    INT8,
+    INTEGERS,
+    INTERVAL,
+    NAME,
+    NUMERIC,
+    TEXT,
+    TEXT_LIKE,
+    TIME,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    TIMETZ,
+    UNKNOWN,
+    UUID,
+    VARCHAR,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,24 +76,21 @@ class Catalog:
     categories: Mapping[str, str | None] = field(default_factory=dict)
 
 
-_INTEGERS = frozenset({21, 23, 20})
-_NUMERIC = 1700
-_FLOATS = frozenset({700, 701})
-_TEXTS = frozenset({25, 1043, 1042, 19, 705})
+_TEXTS = frozenset({TEXT, VARCHAR, BPCHAR, NAME, UNKNOWN})
 _CONSTANT = 0
 """Pseudo type of a bare literal: PostgreSQL gives it the type its context asks for, or
 folds its cast while planning (the same error with or without a sketch)."""
 
 _TYPE_OIDS = {
-    "int2": 21, "int4": 23, "int8": 20, "numeric": 1700, "float4": 700, "float8": 701,
-    "text": 25, "varchar": 1043, "bpchar": 1042, "name": 19, "bool": 16, "bytea": 17,
-    "uuid": 2950, "date": 1082, "time": 1083, "timetz": 1266, "timestamp": 1114,
-    "timestamptz": 1184, "interval": 1186,
+    "int2": INT2, "int4": INT4, "int8": INT8, "numeric": NUMERIC, "float4": FLOAT4,
+    "float8": FLOAT8, "text": TEXT, "varchar": VARCHAR, "bpchar": BPCHAR, "name": NAME,
+    "bool": BOOL, "bytea": BYTEA, "uuid": UUID, "date": DATE, "time": TIME, "timetz": TIMETZ,
+    "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ, "interval": INTERVAL,
 }
 """Built-in types by the name pglast gives them (pg_catalog comes first on the path of every
 sketched session: ``lookup.relations``)."""
 
-_CLOCK_FREE = frozenset({*_INTEGERS, _NUMERIC, *_FLOATS, *_TEXTS, 16, 17, 2950, 1186})
+_CLOCK_FREE = frozenset({*INTEGERS, NUMERIC, *FLOATS, *_TEXTS, BOOL, BYTEA, UUID, INTERVAL})
 """Cast targets whose input never reads the clock ('now' is no interval). Dates, times,
 their arrays, ranges, domains and unknown types may."""
 _CLOCK_FREE_CATEGORIES = frozenset({"S", "N", "B", "E", "T"})
@@ -76,8 +98,8 @@ _CLOCK_FREE_CATEGORIES = frozenset({"S", "N", "B", "E", "T"})
 enums, intervals. A domain has its base type's category; arrays ('A'), ranges ('R'),
 composites ('C') and others ('U') may hold a date or time."""
 
-_WIDENING = frozenset({(21, 23), (21, 20), (23, 20), (700, 701),
-                       *((i, t) for i in _INTEGERS for t in (_NUMERIC, *_FLOATS))})
+_WIDENING = frozenset({(INT2, INT4), (INT2, INT8), (INT4, INT8), (FLOAT4, FLOAT8),
+                       *((i, t) for i in INTEGERS for t in (NUMERIC, *FLOATS))})
 """Casts that cannot fail: a wider integer, numeric or a float from an integer, float8 from
 float4 (no typmod)."""
 
@@ -265,13 +287,13 @@ def _function_type(node: ast.FuncCall, ctx: _Ctx) -> int | None:
     name = _function(node)
     if name in ("min", "max") and node.args:
         return _type_of(node.args[0], ctx)
-    return 20 if name == "count" else 25 if name in _TEXT_FUNCTIONS else \
-        23 if name in _INTEGER_FUNCTIONS else None
+    return INT8 if name == "count" else TEXT if name in _TEXT_FUNCTIONS else \
+        INT4 if name in _INTEGER_FUNCTIONS else None
 
 
 def _family(oid: int) -> str:
-    return ("integer" if oid in _INTEGERS else "numeric" if oid == _NUMERIC
-            else "float" if oid in _FLOATS else "text" if oid in _TEXTS else str(oid))
+    return ("integer" if oid in INTEGERS else "numeric" if oid == NUMERIC
+            else "float" if oid in FLOATS else "text" if oid in _TEXTS else str(oid))
 
 
 def _compatible(nodes: tuple[ast.Node, ...], ctx: _Ctx) -> bool:
@@ -319,7 +341,7 @@ def _cast_may_raise(node: ast.TypeCast, ctx: _Ctx) -> bool:
     if _may_raise(node.arg, ctx):
         return True
     target = _target(node.typeName)
-    if target in (25, 1043) and not node.typeName.typmods:
+    if target in TEXT_LIKE and not node.typeName.typmods:
         return False
     source = _type_of(node.arg, ctx)
     if node.typeName.typmods or target is None or source is None:
@@ -357,7 +379,7 @@ def _aggregate_may_raise(call: AggregateCall, ctx: _Ctx) -> bool:
     if _may_raise(arg, ctx):
         return True
     return call.func in ("sum", "avg") and not (
-        isinstance(arg, ast.ColumnRef) and ctx.column_type(arg) in (*_INTEGERS, _NUMERIC))
+        isinstance(arg, ast.ColumnRef) and ctx.column_type(arg) in (*INTEGERS, NUMERIC))
 
 
 def _clock_casts(analysis: QueryAnalysis, ctx: _Ctx) -> Iterator[ast.TypeCast]:
