@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from sketches import deltas, incremental
+from sketches import deltas, incremental, lookup
 from sketches.ivm.errors import IvmError
 from sketches.maintained import ENGINE_BUGS
 
@@ -91,10 +91,25 @@ class Background(threading.Thread):
         self._drop_connection()
 
     def _connection(self) -> psycopg.Connection[Any]:
+        """The thread's connection, opened anew after a failure. A new one first tells the
+        manager PostgreSQL's start time (``server_started``), before any state is maintained
+        or saved on it: after a crash that lost commits the states held in memory count rows
+        that are gone, and saving one made it outlive the restart (found: eager maintenance
+        saved such a state, which the next query loaded after forgetting its memory — two
+        groups missing from a HAVING answer)."""
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(**self.conninfo, autocommit=True,
-                                         application_name="imp-maintenance")
-            service_session(self._conn)
+            conn = psycopg.connect(**self.conninfo, autocommit=True,
+                                   application_name="imp-maintenance")
+            try:
+                service_session(conn)
+                row = conn.execute("SELECT " + lookup.SERVER_STARTED).fetchone()
+            except BaseException:
+                conn.close()
+                raise
+            note = getattr(self.manager, "server_started", None)
+            if note is not None and row is not None:
+                note(str(row[0]))
+            self._conn = conn
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -128,13 +143,13 @@ class Background(threading.Thread):
     def maybe_maintain(self, tmpl: _Template, entry: _Entry) -> None:
         m = self.manager
         due = time.monotonic() - entry.last_maintained >= m.settings.batch_interval
+        conn = self._connection()   # before the lock: a new one may make the manager forget
         if not tmpl.lock.acquire(timeout=LOCK_WAIT):
             return
         try:
             pipeline = entry.pipeline
             if pipeline is None or entry not in tmpl.entries:
                 return
-            conn = self._connection()
             with conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 assert entry.session is not None
