@@ -361,6 +361,7 @@ Why: a parallel plan launches workers even where a one-time filter is false; JIT
 for estimates, not rows. The setup itself is planned before they take effect, so it may keep
 a generic plan."""
 _UNDO = (b"ROLLBACK TO SAVEPOINT _imp_deltas", b"RELEASE SAVEPOINT _imp_deltas")
+_INTRANS = psycopg.pq.TransactionStatus.INTRANS
 
 
 @contextmanager
@@ -414,7 +415,7 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     a sketch's maintenances repeat the same texts, and parsing and planning them is most of
     PostgreSQL's time for a small delta. A statement that fails is prepared anew on its next
     run."""
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+    if conn.info.transaction_status != _INTRANS:
         return None
     audits = list(dict.fromkeys(a for q in queries for a in q.audits))
     check = _probe_query(tuple(relids), tuple(a for _relid, a in audits))
@@ -435,6 +436,9 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     try:
         out = pipelined.run(conn, steps)
     except psycopg.Error as exc:
+        if isinstance(exc, psycopg.DataError) and exc.sqlstate is None \
+                and conn.info.transaction_status == _INTRANS:
+            raise   # a value psycopg cannot load: every step ran, the savepoint is gone
         log.debug("pipelined delta read failed (%s): probing first", exc)
         for stmt in _UNDO:
             conn.execute(stmt)
