@@ -52,6 +52,7 @@ BEGIN
                    audit_name, rel);
     audit := format('imp.%I', audit_name)::regclass;
     EXECUTE format('CREATE INDEX ON imp.%I (_xid)', audit_name);
+    PERFORM imp._audit_table_trigger(rel, audit);
     -- LIKE copies NOT NULL constraints: harmless (rows come from T), but drop them so a later
     -- relaxation of T's constraints can never make a trigger fail.
     FOR grantee IN
@@ -171,18 +172,50 @@ BEGIN
                      ' The transaction might succeed if retried.';
 END $$;
 
--- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally). A
+-- Moves the epoch of tracked table `rel`: every state built under the old one is invalid. A
 -- REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates the tracking cannot see
 -- the row to bump: it fails as a serialization failure (40001: retry), never unseen.
+CREATE OR REPLACE FUNCTION imp._bump_epoch(rel oid) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = rel;
+    IF NOT FOUND THEN
+        PERFORM imp._tracked_after_snapshot(rel::regclass);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION imp._bump_epoch(oid) FROM PUBLIC;
+
+-- TRUNCATE writes no audit rows: it invalidates the table's sketches (transactionally).
 CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = TG_RELID;
-    IF NOT FOUND THEN
-        PERFORM imp._tracked_after_snapshot(TG_RELID::regclass);
-    END IF;
+    PERFORM imp._bump_epoch(TG_RELID);
     RETURN NULL;
 END $$;
+
+-- A TRUNCATE of an audit table itself (by hand: the proxy deletes audit rows only through
+-- imp.gc_deltas) removes rows states have still to apply, without moving the watermark of
+-- imp.collected: it bumps the audited table's epoch (the trigger's argument), so those states
+-- are invalid (found: a sketch maintained after `TRUNCATE imp.delta_<oid>` missed the rows
+-- written before it). A DELETE by hand is not caught.
+CREATE OR REPLACE FUNCTION imp._audit_table_truncated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM imp._bump_epoch(TG_ARGV[0]::oid);
+    RETURN NULL;
+END $$;
+
+-- The TRUNCATE trigger of audit table `audit` of `rel`, firing ALWAYS as the audit triggers do
+-- (imp._audit_always; imp._ddl_end ignores the ALTER TABLE of an audit table). Internal.
+CREATE OR REPLACE FUNCTION imp._audit_table_trigger(rel regclass, audit regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE TRIGGER imp_audit_table_trunc AFTER TRUNCATE ON %s'
+                   ' FOR EACH STATEMENT EXECUTE FUNCTION imp._audit_table_truncated(%s)',
+                   audit, quote_literal(rel::oid));
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER imp_audit_table_trunc', audit);
+END $$;
+REVOKE ALL ON FUNCTION imp._audit_table_trigger(regclass, regclass) FROM PUBLIC;
 
 -- The audit triggers fire ALWAYS: with the default (origin) mode, session_replication_role =
 -- replica (pg_restore, logical replication, bulk loads) or ALTER TABLE … DISABLE TRIGGER made
@@ -255,6 +288,18 @@ CREATE OR REPLACE FUNCTION imp.table_epoch(rel oid) RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT epoch FROM imp.tracked_tables WHERE relid = rel
 $$;
+
+-- The garbage-collection watermark of each tracked table: every audit row imp.gc_deltas ever
+-- deleted had an _xid visible in `bound`. Written by the collecting transaction itself, in the
+-- same transaction as the delete (sketches.incremental.collect_garbage: the join of the old
+-- watermark and the bound used), read by every delta read's probe: a state whose version does
+-- not contain it may have lost rows it still had to apply, and is rebuilt instead (found: a
+-- second proxy's state, whose persisted row the first proxy dropped with the sketch, stepped
+-- over the rows the first one then collected: a group missing from a HAVING answer).
+CREATE TABLE IF NOT EXISTS imp.collected (
+    relid oid PRIMARY KEY,
+    bound pg_snapshot NOT NULL
+);
 
 -- Deletes the audit rows of `rel` whose transaction is visible in `snap` (the oldest live sketch
 -- version of the table: every sketch already covers them). Returns the number of rows deleted.
@@ -498,3 +543,17 @@ CREATE TABLE IF NOT EXISTS imp.ivm_state (
     state       jsonb NOT NULL,
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- Audit tables of an earlier version have no TRUNCATE trigger of their own: give them one.
+DO $$
+DECLARE t imp.tracked_tables;
+BEGIN
+    FOR t IN
+        SELECT tt.* FROM imp.tracked_tables tt
+        WHERE tt.audit_table <> 'imp.tracked_tables'::regclass
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = tt.audit_table
+                          AND g.tgname = 'imp_audit_table_trunc')
+    LOOP
+        PERFORM imp._audit_table_trigger(t.relid::regclass, t.audit_table);
+    END LOOP;
+END $$;

@@ -89,7 +89,11 @@ class Snapshot:
 
     def within(self, other: Snapshot) -> bool:
         """True when every xid visible here is visible in ``other`` (``self ⊆ other``)."""
-        # an xid visible here but not in ``other`` is in other.xip or in [other.xmax, xmax)
+        # an xid visible here but not in ``other`` is in other.xip or in [other.xmax, xmax);
+        # more xids in that range than this snapshot lists as running: one of them is visible
+        # here (and not in ``other``), so the range is never built for a long-stale ``other``
+        if self.xmax - max(other.xmax, self.xmin) > len(self.xip):
+            return False
         candidates = set(other.xip) | set(range(other.xmax, self.xmax))
         return all(not self.visible(x) or other.visible(x) for x in candidates)
 
@@ -105,6 +109,11 @@ class TableInfo:
     """The table has inheritance children or partitions, whose own writes its triggers never
     see, or is one, whose rows a write naming the parent changes without firing its statement
     triggers (the probe's answer; other readers leave it False)."""
+    collected: str | None = None
+    """The table's garbage-collection watermark (``imp.collected``, the probe's answer; None:
+    nothing collected, or another reader): every audit row ``imp.gc_deltas`` ever deleted has
+    an ``_xid`` visible in it. A state whose version does not contain it may have lost rows
+    it still had to apply (``Pipeline.apply`` refuses it)."""
 
 
 _EXACT_FLOATS = "current_setting('extra_float_digits')::int > 0"
@@ -168,6 +177,7 @@ _PROBE = sql.SQL(
     "  WHERE c.oid = t.audit_table), t.epoch,"
     " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h"
     "  WHERE h.inhparent = t.relid OR h.inhrelid = t.relid),"
+    " (SELECT w.bound::text FROM imp.collected AS w WHERE w.relid = t.relid),"
     " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
@@ -212,7 +222,8 @@ def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) ->
         raise SnapshotRequired("deltas must be read inside an open transaction")
     snap, iso, has_xid, exact_floats = rows[0][:4]
     _check_session(iso, exact_floats)
-    tables = {int(r[4]): TableInfo(int(r[4]), str(r[5]), int(r[6]), bool(r[7]))
+    tables = {int(r[4]): TableInfo(int(r[4]), str(r[5]), int(r[6]), bool(r[7]),
+                                   None if r[8] is None else str(r[8]))
               for r in rows if r[4] is not None}
     return Probe(str(snap), bool(has_xid), tables)
 

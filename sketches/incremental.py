@@ -306,9 +306,13 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
 
 
 def installed(conn: Conn) -> bool:
+    """Is schema imp installed as this code reads it? Also false for an install older than
+    ``imp.collected`` (the garbage-collection watermark every delta read's probe reads): the
+    next tracking installs the missing migrations (:func:`track`)."""
     row = conn.execute("SELECT to_regclass('imp.tracked_tables') IS NOT NULL"
                        " AND to_regclass('imp.ivm_state') IS NOT NULL"
-                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
+                       " AND to_regclass('imp.own_xacts') IS NOT NULL"
+                       " AND to_regclass('imp.collected') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
 
@@ -375,6 +379,20 @@ def meet(snapshots: Sequence[Snapshot]) -> Snapshot:
     return Snapshot(xmin, xmax, xip)
 
 
+def join(snapshots: Sequence[Snapshot]) -> Snapshot:
+    """The snapshot in which exactly the xids visible in *some* one of ``snapshots`` are
+    visible (xmin and xmax the largest, xip every listed xid below that xmax visible in none
+    of them): the garbage-collection watermark grows by it (:func:`collect_garbage`).
+
+    Exact: an xid below the largest xmax, of snapshot s, that no snapshot sees is not visible
+    in s, so s lists it; one below the largest xmin is visible in that snapshot."""
+    xmin = max(s.xmin for s in snapshots)
+    xmax = max(s.xmax for s in snapshots)
+    xip = frozenset(x for s in snapshots for x in s.xip
+                    if xmin <= x < xmax and not any(o.visible(x) for o in snapshots))
+    return Snapshot(xmin, xmax, xip)
+
+
 def text(s: Snapshot) -> str:
     return f"{s.xmin}:{s.xmax}:{','.join(str(x) for x in sorted(s.xip))}"
 
@@ -418,7 +436,17 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     versions of the states in memory (``live``: relid → versions) and persisted in
     ``imp.ivm_state`` (read here, so states persisted by any manager count) and of ``low``
     (:func:`horizon`, protecting states being built in snapshots still open). ``conn`` must be
-    in a transaction that began after ``low`` was read. Returns the rows deleted."""
+    in a REPEATABLE READ transaction that began after ``low`` was read. Returns the rows
+    deleted.
+
+    Where it deleted rows it moves the table's watermark (``imp.collected``) to the join of
+    the old one and the bound, in the same transaction: a state this collection could not
+    see (held in memory by another manager whose persisted row was dropped) is refused by
+    the watermark check of ``Pipeline.apply`` instead of stepping over the rows. Another
+    collection committing meanwhile makes the watermark's write fail (40001): this round
+    fails and the next one retries. No state the bound covered is refused: the bound is
+    within every version it was met with, and within ``low:low:``, which every snapshot open
+    when ``low`` was read or taken later contains; versions only grow from there."""
     # states whose sketch is gone (a capture rolled back after saving, a drop elsewhere)
     # would hold the bound back for ever
     conn.execute(
@@ -433,13 +461,36 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     for rel, vs in live.items():
         versions.setdefault(rel, []).extend(Snapshot.parse(v) for v in vs)
     tables = conn.execute("SELECT relid::bigint FROM imp.tracked_tables").fetchall()
+    watermarks = _watermarks(conn)
     floor = Snapshot(low, low, frozenset())
     deleted = 0
     for (rel,) in tables:
         bound = meet([*versions.get(int(rel), []), floor])
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
-        deleted += int(row[0]) if row and row[0] else 0
+        n = int(row[0]) if row and row[0] else 0
+        if n:
+            _move_watermark(conn, int(rel), bound, watermarks.get(int(rel)))
+        deleted += n
     catalog.record_if_writer(conn)   # a delete (orphans, audit rows) or an ANALYZE
     log.debug("gc: %d audit rows deleted", deleted)
     return deleted
+
+
+def _watermarks(conn: Conn) -> dict[int, Snapshot]:
+    """The garbage-collection watermark of every table (``imp.collected``), in this
+    transaction's snapshot; watermarks of tables no longer tracked are deleted first (their
+    states are invalid anyway: untracked, or tracked again under a new epoch)."""
+    conn.execute("DELETE FROM imp.collected AS c WHERE NOT EXISTS"
+                 " (SELECT 1 FROM imp.tracked_tables AS t WHERE t.relid = c.relid)")
+    rows = conn.execute("SELECT relid::bigint, bound::text FROM imp.collected").fetchall()
+    return {int(rel): Snapshot.parse(str(bound)) for rel, bound in rows}
+
+
+def _move_watermark(conn: Conn, rel: int, bound: Snapshot, old: Snapshot | None) -> None:
+    """Sets table ``rel``'s watermark to the join of ``old`` and ``bound``, the bound of the
+    rows just deleted. A concurrent collection's write to the same row fails this one (40001
+    under REPEATABLE READ), so no join is ever computed from a stale watermark."""
+    new = bound if old is None else join([old, bound])
+    conn.execute("INSERT INTO imp.collected (relid, bound) VALUES (%s::oid, %s::pg_snapshot)"
+                 " ON CONFLICT (relid) DO UPDATE SET bound = EXCLUDED.bound", (rel, text(new)))

@@ -32,7 +32,9 @@ class BufferExhausted(IvmError):
 
 
 class Invalidated(IvmError):
-    """TRUNCATE or DDL bumped a table's epoch since the state was built: recapture."""
+    """TRUNCATE or DDL bumped a table's epoch since the state was built, the table is no
+    longer tracked, or garbage collection deleted audit rows the state had not applied (its
+    version does not contain the table's watermark, ``imp.collected``): recapture."""
 
 
 class PipelineBroken(IvmError):

@@ -158,6 +158,26 @@ class DeltaRead:
     snapshot: str
     rows: list[deltas.Rows]
     also: list[deltas.Rows]
+    collected: tuple[str, ...] = ()
+    """The garbage-collection watermarks of the tables read (:attr:`deltas.TableInfo.collected`,
+    those that have one), checked by :meth:`Pipeline.apply` against ``since``."""
+
+
+def _check_collected(read: DeltaRead) -> None:
+    """Raises :class:`Invalidated` unless every table's garbage-collection watermark is within
+    the state's version ``read.since``: only then was every audit row deleted so far already
+    applied to the state (each had an xid visible in the watermark, so in the version).
+
+    Why: a state no garbage collection knew of — held in memory by a second proxy while the
+    first dropped the sketch, whose persisted row then protected nothing — lost rows it had
+    still to apply (found: a group missing from a HAVING answer). Checked here, not in
+    :meth:`Pipeline.read`: a caller may load a newer persisted state after reading and read
+    again (``SketchManager._catch_up_and_maintain``); the version applied to is what counts."""
+    since = deltas.Snapshot.parse(read.since)
+    for watermark in read.collected:
+        if not deltas.Snapshot.parse(watermark).within(since):
+            raise Invalidated(f"audit rows the state at {read.since} had not applied were "
+                              f"collected (up to {watermark})")
 
 
 class Pipeline:
@@ -553,8 +573,10 @@ class Pipeline:
         if self.version is None:
             raise PipelineBroken("no state: call build_state or restore first")
         with _python_values():
-            current, rows, extra = self._read_deltas(conn, self.version, also)
-        return DeltaRead(self.version, current, rows, extra)
+            probe, rows, extra = self._read_deltas(conn, self.version, also)
+        collected = tuple(w for relid in self.relids
+                          if (w := probe.tables[relid].collected) is not None)
+        return DeltaRead(self.version, probe.snapshot, rows, extra, collected)
 
     def apply(self, conn: Conn, read: DeltaRead) -> SketchDelta:
         """The second half of :meth:`maintain`: steps the operators on ``read`` (taken from
@@ -568,6 +590,7 @@ class Pipeline:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):
             raise deltas.VersionAhead(f"state at {self.version} is ahead of {current}")
+        _check_collected(read)
         if self._preaggregated():
             touched = bool(rows[1][0][0]) if len(rows) > 1 else bool(rows[0])
             return self._step_partials(conn, current, rows[0], touched, empty)
@@ -600,8 +623,9 @@ class Pipeline:
         return change
 
     def _read_deltas(self, conn: Conn, since: str, also: Sequence[deltas.Statement] = ()
-                     ) -> tuple[str, list[deltas.Rows], list[deltas.Rows]]:
-        """conn's snapshot, every table's delta rows since ``since`` and the rows of ``also``:
+                     ) -> tuple[deltas.Probe, list[deltas.Rows], list[deltas.Rows]]:
+        """conn's probe (its snapshot, every table's tracking), every table's delta rows since
+        ``since`` and the rows of ``also``:
         one pipelined round trip once the audit tables are known (:func:`deltas.read_batch`);
         else, or when their tracking changed, the probe first and one fetch per table."""
         try:
@@ -610,7 +634,7 @@ class Pipeline:
                 if batch is not None:
                     probe, rows, extra = batch
                     self._check_tracking(conn, probe)
-                    return probe.snapshot, rows, extra
+                    return probe, rows, extra
             with deltas.read_settings(conn):
                 try:
                     probe = deltas.probe(conn, self.relids)
@@ -619,7 +643,7 @@ class Pipeline:
                 infos = self._check_tracking(conn, probe)
                 self._queries = self._delta_queries(conn, infos)
                 rows = [deltas.fetch_query(conn, q, since) for q in self._queries]
-            return probe.snapshot, rows, [deltas.run(conn, st) for st in also]
+            return probe, rows, [deltas.run(conn, st) for st in also]
         except deltas.AuditRebuilt as exc:
             self._queries = None
             raise Invalidated(str(exc)) from exc

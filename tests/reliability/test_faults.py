@@ -797,3 +797,103 @@ def test_two_proxies_and_a_rolling_restart(launch: LaunchProxy, fresh_db: Any) -
             proxies[0] = launch(upstream=direct)
     used = sum(_stat(via_proxy(direct, p.port), "proxy.used") for p in proxies)
     assert used > 0, "the sketches were used, not only captured"
+
+
+GROUPS = "SELECT g, count(*) AS n FROM h GROUP BY g HAVING count(*) > 45 ORDER BY g"
+
+
+def _load_groups(direct: str) -> None:
+    """Table h: 50 groups, group g with 40 + g % 20 rows (some pass GROUPS' threshold; ten
+    more rows make group 0 pass)."""
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("CREATE TABLE h (id serial PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO h (g, v) SELECT g, i FROM generate_series(0, 49) g,"
+                  " generate_series(1, 40 + g % 20) i")
+        c.execute("ANALYZE h")
+
+
+def _persisted_sketch(proxied: str, direct: str) -> int:
+    """Runs GROUPS through ``proxied`` (exact each time) until its sketch's state is
+    persisted; returns the sketch's id."""
+    for _ in range(40):
+        _assert_exact(proxied, direct, [GROUPS])
+        row = _rows(direct, "SELECT k.id FROM imp.sketches k JOIN imp.ivm_state s"
+                            " ON s.sketch_key = k.id::text WHERE k.valid") \
+            if scalar(direct, "SELECT to_regclass('imp.ivm_state') IS NOT NULL") else []
+        if row:
+            return int(row[0][0])
+        time.sleep(0.3)
+    raise AssertionError("the sketch's state was never persisted")
+
+
+def _audit_rows(direct: str) -> int:
+    audit = scalar(direct, "SELECT audit_table::text FROM imp.tracked_tables"
+                           " WHERE relid = 'h'::regclass")
+    return int(scalar(direct, f"SELECT count(*) FROM {audit}"))
+
+
+@pytest.mark.parametrize("how", ["drop", "drop_all", "recapture"])
+def test_two_proxies_one_drops_a_sketch_the_other_holds_then_collects(
+        launch: LaunchProxy, fresh_db: Any, how: str) -> None:
+    """Proxy B holds a sketch's state in memory (persisted too); proxy A loads it, then drops
+    it (``IMP DROP SKETCH``, ``IMP DROP ALL SKETCHES``, or a recapture of its own, which
+    invalidates the sketch) — its persisted state goes with it. A's garbage collection then
+    deletes the audit rows of a write that B's state has not applied: nothing it can see holds
+    them. B's next answer is exact: the collection's watermark (``imp.collected``) is not
+    within B's version, so B rebuilds instead of stepping over the rows (found: B answered
+    without group 0, which only those rows make pass)."""
+    direct = fresh_db()
+    _load_groups(direct)
+    a, b = (launch("--library-setting", "state_interval=0.5", upstream=direct)
+            for _ in range(2))
+    pa, pb = via_proxy(direct, a.port), via_proxy(direct, b.port)
+    sid = _persisted_sketch(pb, direct)
+    _assert_exact(pa, direct, [GROUPS])   # A loads B's state
+    with psycopg.connect(pa, autocommit=True) as c:
+        if how == "drop":
+            c.execute(f"IMP DROP SKETCH {sid}")
+        elif how == "drop_all":
+            c.execute("IMP DROP ALL SKETCHES")
+        else:
+            c.execute(f"IMP SET STRATEGY = recapture FOR SKETCH {sid}")
+    if how == "recapture":
+        with psycopg.connect(direct, autocommit=True) as c:
+            c.execute("INSERT INTO h (g, v) VALUES (49, 0)")
+        _assert_exact(pa, direct, [GROUPS])   # A recaptures: the sketch and its state go
+    assert scalar(direct, "SELECT count(*) FROM imp.ivm_state WHERE sketch_key = %s",
+                  (str(sid),)) == 0
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("INSERT INTO h (g, v) SELECT 0, i FROM generate_series(1, 10) i")
+
+    def collected() -> bool:   # A's own new sketch (recapture) moves on, is saved, collected
+        if how == "recapture":
+            _assert_exact(pa, direct, [GROUPS])
+        return _audit_rows(direct) == 0
+    assert wait_until(collected, 20.0, 0.2), "A never collected the write's audit rows"
+    _assert_exact(pb, direct, [GROUPS])
+    _assert_exact(pa, direct, [GROUPS])
+
+
+def test_an_audit_table_truncated_by_hand_invalidates_its_sketches(launch: LaunchProxy,
+                                                                   fresh_db: Any) -> None:
+    """``TRUNCATE imp.delta_<oid>`` by hand removes audit rows a state has still to apply,
+    as a collection would, but moves no watermark: the audit table's own TRUNCATE trigger
+    bumps the table's epoch, so the state is rebuilt (found: group 2, which only the
+    truncated rows make pass, was missing)."""
+    direct = fresh_db()
+    _load_groups(direct)
+    p = launch(upstream=direct)
+    proxied = via_proxy(direct, p.port)
+    _persisted_sketch(proxied, direct)
+    audit = scalar(direct, "SELECT audit_table::text FROM imp.tracked_tables"
+                           " WHERE relid = 'h'::regclass")
+    epoch = scalar(direct, "SELECT epoch FROM imp.tracked_tables WHERE relid = 'h'::regclass")
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("INSERT INTO h (g, v) SELECT 2, i FROM generate_series(1, 10) i")
+        c.execute(f"TRUNCATE {audit}")
+    _assert_exact(proxied, direct, [GROUPS])
+    assert scalar(direct, "SELECT epoch FROM imp.tracked_tables"
+                          " WHERE relid = 'h'::regclass") != epoch
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("INSERT INTO h (g, v) SELECT 0, i FROM generate_series(1, 10) i")
+    _assert_exact(proxied, direct, [GROUPS])

@@ -797,6 +797,39 @@ def test_a_second_manager_catches_up_after_the_first_collected_deltas(conn: Conn
         conn.execute("DELETE FROM f WHERE id > 800000")
 
 
+@pytest.mark.parametrize("how", ["drop", "drop_all"])
+def test_a_state_the_collector_could_not_see_is_rebuilt_not_stepped_over(conn: Conn,
+                                                                          how: str) -> None:
+    """Two managers on one database (two proxies): the second holds the sketch's state in
+    memory, loaded from the first's persisted row; the first drops the sketch (its persisted
+    state goes with it), then collects the audit rows of a write — its bound no longer holds
+    the second's version back. The collection's watermark (``imp.collected``) is not within
+    that version, so the second rebuilds its state instead of stepping over the collected
+    rows, which alone make group 0 pass (found: the group was missing)."""
+    sql, params = "SELECT g, sum(v) FROM f GROUP BY g HAVING sum(v) > $1", (570,)
+    m1 = SketchManager(SketchSettings(fragments=10, state_interval=0.3))
+    m2 = SketchManager(SketchSettings(fragments=10, state_interval=3600.0))
+    try:
+        m1.drop_all(conn)
+        p = check(m1, conn, sql, params)
+        assert check(m2, conn, sql, params).sketch_id == p.sketch_id  # loaded, same version
+        assert p.sketch_id is not None
+        if how == "drop":
+            assert m1.drop(conn, p.sketch_id)
+        else:
+            m1.drop_all(conn)
+        assert _stored(conn, p.sketch_id) is None
+        collected_by(m1, conn, 0, 1, [])
+        failures = m2.stats().get("ivm_failures", 0)
+        assert check(m2, conn, sql, params, exact=True).decision == "capture"
+        assert m2.stats()["ivm_failures"] == failures + 1
+        assert check(m2, conn, sql, params, exact=True).decision == "use"
+    finally:
+        m1.close()
+        m2.close()
+        conn.execute("DELETE FROM f WHERE id > 800000")
+
+
 SHARED = "SELECT g, sum(v) AS s, count(*) FROM f GROUP BY g HAVING sum(v) > $1"
 
 
