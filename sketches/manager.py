@@ -55,7 +55,7 @@ from sketches.maintained import ENGINE_BUGS, IncrementalMaintenance
 from sketches.maintained import Entry as _Entry
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
-from sketches.ranges import RangePartition, build_partition, column_info
+from sketches.ranges import RangePartition, build_partition, check_partitionable, column_info
 from sketches.safety import (
     SafeAttribute,
     Safety,
@@ -748,6 +748,7 @@ class SketchManager(IncrementalMaintenance):
         if cached is not None and cached[2] in (None, threading.get_ident()):
             return cached[0], cached[1]
         info = column_info(conn, schema, table, column)
+        check_partitionable(info)  # also for a partition an older version saved
         nullable = not info.not_null
         partition = catalog.latest_partition(conn, *key) if self.settings.persist else None
         owner = None

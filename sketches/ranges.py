@@ -22,7 +22,8 @@ disagree with SQL near bounds. NaN and ±infinity are never bounds (PostgreSQL o
 first or last, so the first or last fragment holds them), nor are values psycopg cannot load
 (BC dates, years after 9999, the time 24:00:00; :data:`_LOADABLE`). Columns of types
 psycopg does not load (enums, user-created and extension types) are not partitioned:
-PartitionError.
+PartitionError; nor are built-in types outside :data:`ORDERED_TYPES` (jsonb, arrays,
+tsvector, point, …): :class:`UnorderedType`.
 
 Bounds come from ``pg_stats`` (the equi-depth histogram plus the most common values) after
 ``ANALYZE``; when more fragments are wanted than the histogram has, the column's statistics
@@ -140,7 +141,9 @@ class ColumnInfo:
     stats_target: int
     value_type: str = ""
     """The type its values are loaded as: its own, or a domain's base type ("" when psycopg
-    does not know it: an enum, a user-created or extension type, a domain over one)."""
+    does not know it: an enum, a user-created or extension type, a domain over one).
+    ``bpchar``, not ``character``, for blank-padded text: a cast to ``character[]`` is one to
+    ``character(1)[]``, which cut every bound to its first character."""
 
 
 def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
@@ -149,7 +152,8 @@ def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
     row = conn.execute(
         "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget,"
         " coalesce(co.collisdeterministic, true),"
-        " CASE WHEN b.oid < 16384 THEN format_type(b.oid, NULL) ELSE '' END"
+        " CASE WHEN b.oid = 'bpchar'::regtype THEN 'bpchar'"
+        " WHEN b.oid < 16384 THEN format_type(b.oid, NULL) ELSE '' END"
         " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
         " JOIN pg_namespace n ON n.oid = c.relnamespace"
         " JOIN pg_type y ON y.oid = a.atttypid"
@@ -166,6 +170,43 @@ def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
         raise PartitionError(f"{schema}.{table}.{column} has a nondeterministic collation")
     return ColumnInfo(schema, table, column, str(row[0]), bool(row[1]), int(row[2]),
                       str(row[4]))
+
+
+class UnorderedType(PartitionError):
+    """The column's type is not one of :data:`ORDERED_TYPES`: its values, loaded by psycopg,
+    neither sort in Python as PostgreSQL sorts them nor cast back to the values they were
+    read from, so no bounds can be built (the column is no sketch attribute)."""
+
+
+ORDERED_TYPES = frozenset({
+    "smallint", "integer", "bigint", "oid", "numeric", "real", "double precision",
+    "text", "character varying", "bpchar", "name", "bytea", "uuid", "boolean",
+    "date", "time without time zone", "time with time zone", "timestamp without time zone",
+    "timestamp with time zone", "interval",
+})
+"""Value types (:attr:`ColumnInfo.value_type`) a partition is built on: psycopg loads their
+values as Python values ordered as PostgreSQL orders them (text under the ``C`` collation,
+see above) and dumps them back as values PostgreSQL orders the same (an interval of
+``1 mon`` comes back as ``30 days``, its equal), so bounds sorted in Python and sent back
+as a ``type[]`` are sorted for ``width_bucket``. Why an allow-list: anything else failed in the
+middle of the capture, aborting the client's transaction — jsonb bounds came back as Python
+ints and were sent as a ``smallint[]`` (no cast to ``jsonb[]``), an ``int[]`` column's
+histogram was read as ``integer[][]`` elements — or would sort wrongly (money, tsvector,
+bit and ``"char"`` load as text, inet and cidr as ipaddress objects that do not compare
+across kinds)."""
+
+
+def check_partitionable(info: ColumnInfo) -> None:
+    """Raises :class:`PartitionError` unless a partition can be built on the column: psycopg
+    loads its values, and its type is one of :data:`ORDERED_TYPES`. Cheap (no query), so it
+    runs before ``ANALYZE``, which every capture would otherwise run again, and before any
+    statement that could fail and abort the caller's transaction."""
+    where = f"{info.schema}.{info.table}.{info.column}"
+    if not info.value_type:
+        raise PartitionError(f"{where}: psycopg cannot load values of type {info.type_name}")
+    if info.value_type not in ORDERED_TYPES:
+        raise UnorderedType(f"{where}: values of type {info.type_name} do not sort in Python"
+                            " as in PostgreSQL")
 
 
 def thin(values: Sequence[Any], count: int) -> list[Any]:
@@ -317,9 +358,7 @@ def build_partition(conn: psycopg.Connection[Any], schema: str, table: str, colu
     if fragments < 1:
         raise PartitionError("a partition needs at least one fragment")
     info = column_info(conn, schema, table, column)
-    if not info.value_type:   # refused before ANALYZE: every capture would try again
-        raise PartitionError(f"{schema}.{table}.{column}: psycopg cannot load values of type "
-                             f"{info.type_name}")
+    check_partitionable(info)
     wanted = fragments - 1  # n bounds make n + 1 non-NULL fragments
     _ensure_statistics(conn, info, wanted + 1)
     values = sorted(set(_stats_values(conn, info)))

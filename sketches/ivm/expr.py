@@ -73,7 +73,19 @@ class Cmp:
             check_kinds(a, b)
         if type(a) is float or type(b) is float:
             a, b = as_float8(a), as_float8(b)
+        elif is_nan(a) or is_nan(b):
+            raise NotMaintainable("comparison with NaN is not evaluated here")
         return _CMP[self.op](a, b)
+
+
+def is_nan(v: object) -> bool:
+    """Whether ``v`` is a float or Decimal NaN. Such a value is never compared in Python:
+    PostgreSQL's NaN equals NaN and is greater than every number, where Python's ``==`` is
+    false and a Decimal NaN's ``<`` raises :class:`decimal.InvalidOperation` (which the
+    manager takes for a bug of the engine, not for a value it cannot maintain)."""
+    if type(v) is Decimal:
+        return v.is_nan()
+    return type(v) is float and v != v
 
 
 def check_blanks(a: object, b: object) -> None:

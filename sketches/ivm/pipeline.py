@@ -40,6 +40,7 @@ from sketches.ivm import partials
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import Invalidated, NotMaintainable, PipelineBroken, StateFormatError
 from sketches.ivm.keyfilter import KeyFilter
+from sketches.ivm.ops.accumulators import best_values
 from sketches.ivm.ops.aggregate import Aggregate, HavingTest
 from sketches.ivm.ops.distinct import Distinct
 from sketches.ivm.ops.having import Having
@@ -466,11 +467,7 @@ class Pipeline:
 
     def _best(self, func: str, values: list[tuple[object, int]]
               ) -> tuple[list[tuple[object, int]], bool]:
-        limit = self.spec.options.minmax_buffer
-        values.sort(key=lambda vm: vm[0], reverse=func == "max")  # type: ignore[arg-type,return-value]
-        if limit is None or len(values) <= limit:
-            return values, True
-        return values[:limit], False
+        return best_values(values, func == "max", self.spec.options.minmax_buffer)
 
     def _value_rows(self, i: int, key: Row | None) -> list[tuple[Any, ...]]:
         """``g…, v, multiplicity`` of the best ``l + 1`` distinct values of aggregate ``i`` per

@@ -271,3 +271,55 @@ def test_a_capture_whose_transaction_rolls_back_is_forgotten(
     assert kept == [(again.sketch_id,)]
     used = prepare(m, svc, query, [120])
     assert used.decision == "use" and used.sketch_id == again.sketch_id
+
+
+@pytest.mark.parametrize(("table", "ktype", "key"), [
+    ("kj", "jsonb", "to_jsonb(i % 40)"),
+    ("ka", "int[]", "ARRAY[i % 40]"),
+    ("kt", "tsvector", "to_tsvector('simple', 'w' || (i % 40))"),
+])
+def test_a_group_key_python_cannot_order_passes_through(data: str, table: str, ktype: str,
+                                                        key: str) -> None:
+    """The only group key of such a type is no sketch attribute: the query passes through,
+    and the client's transaction stays usable. Found: ``prepare`` raised (jsonb: ``cannot
+    cast type smallint[] to jsonb[]``; int[]: ``invalid input syntax for type integer``) in
+    the middle of building the range partition, the transaction aborted."""
+    query = f"SELECT k, count(*) FROM {table} GROUP BY k HAVING count(*) > 52"  # noqa: S608
+    with psycopg.connect(data, autocommit=True) as c:
+        c.execute(f"CREATE TABLE {table} (id serial PRIMARY KEY, k {ktype}, v int)")
+        c.execute(f"INSERT INTO {table} (k, v) SELECT {key}, i % 7"  # noqa: S608
+                  " FROM generate_series(1, 2000) i")
+        c.execute(f"INSERT INTO {table} (k, v) SELECT {key}, 1"  # noqa: S608
+                  " FROM generate_series(1, 30), (VALUES (7)) AS seven (i)")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            for _ in range(2):
+                c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                try:
+                    p = m.prepare(c, query, None)
+                    assert len(c.execute(query).fetchall()) == 1   # the transaction is usable
+                finally:
+                    c.execute("COMMIT")
+                assert p.decision == "passthrough" and p.instrumented_sql is None, p
+                assert "do not sort" in p.reason, p.reason
+        finally:
+            m.close()
+
+
+def test_a_second_group_key_of_an_ordered_type_is_the_sketch_attribute(data: str) -> None:
+    """A jsonb group key beside an int one: the sketch is on the int."""
+    query = "SELECT k, g, count(*) FROM kg GROUP BY k, g HAVING count(*) > 52"
+    with psycopg.connect(data, autocommit=True) as c:
+        c.execute("CREATE TABLE kg (id serial PRIMARY KEY, k jsonb, g int)")
+        c.execute("INSERT INTO kg (k, g) SELECT to_jsonb(i % 40), i % 40"
+                  " FROM generate_series(1, 2000) i")
+        c.execute("INSERT INTO kg (k, g) SELECT '7', 7 FROM generate_series(1, 30) i")
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            p = prepare(m, c, query)
+            assert p.decision == "capture" and p.instrumented_sql is not None, p
+            sketch = m.get(p.sketch_id or 0)
+            assert sketch is not None and [x.column for x in sketch.parts] == ["g"]
+            assert rows(c, p.instrumented_sql, None) == rows(c, query, None)
+        finally:
+            m.close()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from sketches.errors import PartitionError
-from sketches.ranges import RangePartition, build_partition, thin
+from sketches.ranges import RangePartition, UnorderedType, build_partition, thin
 
 FAST = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -296,4 +296,49 @@ def test_types_psycopg_cannot_load_are_refused_before_analyze(
     assert p.type_name == "small" and p.n >= 1 and all(isinstance(b, int) for b in p.bounds)
     rows = conn.execute(sql.SQL("SELECT s, {} FROM feelings").format(
         p.fragment_sql(sql.Identifier("s")))).fetchall()
+    assert all(p.fragment_of(v) == f for v, f in rows)
+
+
+@pytest.mark.parametrize(("table", "column", "values"), [
+    ("un_jsonb", "jsonb", "to_jsonb(i % 40)"),
+    ("un_intarr", "int[]", "ARRAY[i % 40]"),
+    ("un_tsvector", "tsvector", "to_tsvector('simple', 'w' || (i % 40))"),
+    ("un_money", "money", "(i % 40)::numeric::money"),
+])
+def test_types_python_does_not_order_as_postgresql_are_refused(
+        conn: psycopg.Connection[Any], table: str, column: str, values: str) -> None:
+    """jsonb bounds came back from pg_stats as Python ints and were sent back as a
+    ``smallint[]`` (``cannot cast type smallint[] to jsonb[]``), an ``int[]`` column's
+    histogram was read as ``integer[][]`` elements (``invalid input syntax for type integer:
+    "{0}"``): each aborted the caller's transaction mid-capture. tsvector and money load as
+    text, whose order is not theirs. Refused before any statement: the transaction stays
+    usable."""
+    conn.execute(sql.SQL("CREATE TABLE {} AS SELECT {}::{} AS a FROM generate_series(1, 2000)"
+                         " AS i").format(sql.Identifier(table), sql.SQL(values),
+                                         sql.SQL(column)))
+    with conn.transaction():
+        with pytest.raises(UnorderedType, match="do not sort"):
+            build_partition(conn, "public", table, "a", fragments=8)
+        count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        assert count.fetchone() == (2000,)
+
+
+def test_a_domain_over_an_unordered_type_is_refused(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE DOMAIN doc AS jsonb")
+    conn.execute("CREATE TABLE docs AS SELECT to_jsonb(i % 9)::doc AS a"
+                 " FROM generate_series(1, 500) AS i")
+    with pytest.raises(UnorderedType):
+        build_partition(conn, "public", "docs", "a", fragments=4)
+
+
+def test_blank_padded_bounds_keep_every_character(conn: psycopg.Connection[Any]) -> None:
+    """The bounds of a ``character(n)`` column were read and cast back as ``character[]``,
+    i.e. ``character(1)[]``: every bound cut to its first character (``'12'`` became
+    ``'1'``), so at most one fragment per first character."""
+    conn.execute("CREATE TABLE padded AS SELECT lpad((i % 300)::text, 3, '0')::char(3) AS a"
+                 " FROM generate_series(1, 3000) AS i")
+    p = build_partition(conn, "public", "padded", "a", fragments=16)
+    assert p.n >= 10 and all(len(b) == 3 for b in p.bounds), p.bounds
+    rows = conn.execute(sql.SQL("SELECT a, {} FROM padded").format(
+        p.fragment_sql(sql.Identifier("a")))).fetchall()
     assert all(p.fragment_of(v) == f for v, f in rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 from fractions import Fraction
+from operator import itemgetter
 from typing import Any, cast
 
 from sortedcontainers import SortedDict
@@ -356,6 +357,23 @@ def _check_orderable(value: object) -> None:
     if isinstance(value, (str, bytes)) or (isinstance(value, (float, Decimal))
                                            and value != value):
         raise NotMaintainable(f"min/max over {value!r} is not maintained")
+
+
+def best_values(values: Iterable[tuple[Any, int]], descending: bool, limit: int | None
+                ) -> tuple[list[tuple[Any, int]], bool]:
+    """The best ``limit`` (all: None) of the ``(value, multiplicity)`` pairs of one group's
+    min (``descending=False``) / max, best first, and whether that is all of them: what a
+    :meth:`ValueBuffer.load` takes (the state build's and a refill's values, read from
+    PostgreSQL). Every value is checked (:func:`_check_orderable`) before any is compared:
+    sorting a Decimal NaN raised :class:`decimal.InvalidOperation`, which the manager counts
+    as a bug of the engine, where a value it cannot order is a :class:`NotMaintainable`."""
+    pairs = list(values)
+    for v, _m in pairs:
+        _check_orderable(v)
+    pairs.sort(key=itemgetter(0), reverse=descending)
+    if limit is None or len(pairs) <= limit:
+        return pairs, True
+    return pairs[:limit], False
 
 
 class ValueBuffer:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import cast
 
-from sketches.ivm.expr import _CMP, And, Cmp, Expr, Or
+from sketches.ivm.expr import _CMP, And, Cmp, Expr, Or, is_nan
 from sketches.ivm.ops.accumulators import Accumulator
 from sketches.ivm.ops.select import column_and_constant, connective, value_vs_constant
 from sketches.ivm.zset import Row
@@ -69,7 +69,7 @@ def _aggregate_vs_constant(op: str, i: int, const: object) -> GroupEval:
     """The comparison of aggregate ``i``'s result with ``const`` (an int result, the common
     case, compared right here: what :func:`value_vs_constant` does for it, a call less)."""
     test = value_vs_constant(op, const)
-    if type(const) is float:
+    if type(const) is float or is_nan(const):   # an int compared with a NaN: InvalidOperation
         return lambda view: test(view[1][i].result())
     compare = _CMP[op]
 

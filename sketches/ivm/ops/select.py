@@ -9,6 +9,7 @@ subtree below the selection is stateless the predicate is pushed into the delta 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from sketches.ivm.errors import NotMaintainable
@@ -23,6 +24,7 @@ from sketches.ivm.expr import (
     as_float8,
     check_kinds,
     columns,
+    is_nan,
     temporal_kind,
 )
 from sketches.ivm.operator import Operator
@@ -105,6 +107,7 @@ def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
     if temporal_kind(const) is not None:
         return _temporal_vs_constant(compare, const)
     float_const = type(const) is float
+    nan_const = is_nan(const)
 
     def test(a: object) -> object:
         if a is None:
@@ -113,6 +116,8 @@ def value_vs_constant(op: str, const: object) -> Callable[[object], object]:
             raise NotMaintainable("a text value compared with a non-text constant")
         if float_const or type(a) is float:
             return compare(as_float8(a), as_float8(const))
+        if nan_const or (type(a) is Decimal and a.is_nan()):   # as Cmp.eval
+            raise NotMaintainable("comparison with NaN is not evaluated here")
         return compare(a, const)
     return test
 
