@@ -105,12 +105,9 @@ def own_pg() -> Iterator[LocalPostgres]:
     # a backend whose client (the proxy) died notices it only when it next touches the socket;
     # PostgreSQL's client_connection_check_interval makes a busy one notice too (recommended in
     # docs/RELIABILITY.md for deployments where the proxy may be killed)
-    pg = LocalPostgres.throwaway_cluster(settings={"client_connection_check_interval": "500ms"})
-    pg.start()
-    try:
+    with LocalPostgres.throwaway_cluster(
+            settings={"client_connection_check_interval": "500ms"}) as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 def _wait_active(dsn: str, app: str) -> bool:
@@ -167,12 +164,8 @@ def lossy_pg() -> Iterator[LocalPostgres]:
     """A cluster of its own whose WAL writer waits 10 s: with synchronous_commit off (as every
     throwaway cluster runs) a crash right after a commit loses it, unless other work fills and
     writes out its WAL page first — so no other proxy or test runs on it."""
-    pg = LocalPostgres.throwaway_cluster(settings={"wal_writer_delay": "10s"})
-    pg.start()
-    try:
+    with LocalPostgres.throwaway_cluster(settings={"wal_writer_delay": "10s"}) as pg:
         yield pg
-    finally:
-        pg.destroy()
 
 
 @pytest.mark.slow
