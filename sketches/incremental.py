@@ -452,6 +452,9 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     conn.execute(
         "DELETE FROM imp.ivm_state s WHERE s.sketch_key ~ '^[0-9]+$' AND NOT EXISTS"
         " (SELECT 1 FROM imp.sketches k WHERE k.id = s.sketch_key::bigint AND k.valid)")
+    # an invalidated sketch (each recapture leaves one) is never read again: its row, query
+    # text and fragment rows went on piling up (found: one per recapture, for ever)
+    conn.execute("DELETE FROM imp.sketches WHERE NOT valid")
     rows = conn.execute(
         "SELECT rel::bigint, s.version::text FROM imp.ivm_state s,"
         " LATERAL jsonb_object_keys(s.epochs) AS rel").fetchall()

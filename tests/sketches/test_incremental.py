@@ -155,3 +155,21 @@ def test_collections_move_the_watermark_and_a_concurrent_one_fails(db_dsn: str) 
             incremental.collect_garbage(other, {}, low)
         other.execute("ROLLBACK")
         assert _watermark(conn, "inc_collected") == second
+
+
+def test_a_collection_deletes_invalidated_sketches(db_dsn: str) -> None:
+    """Every recapture invalidates the sketch it replaces; nothing read those rows again, and
+    they piled up with their query texts and fragments (one per recapture). A collection
+    deletes them and keeps the valid ones."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE inc_stale (id int PRIMARY KEY, v int)")
+        incremental.track(conn, ["inc_stale"], incremental.SessionSettings.read(conn))
+        ids = [conn.execute(
+            "INSERT INTO imp.sketches (template, query_text, tables, attributes,"
+            " partition_ids, version, valid) VALUES ('t', 'q', '{}', '{}', '{}',"
+            " pg_current_snapshot(), %s) RETURNING id", (valid,)).fetchone()[0]  # type: ignore[index]
+            for valid in (True, False, False)]
+        _collect(conn, incremental.horizon(conn))
+        left = conn.execute("SELECT id FROM imp.sketches WHERE id = ANY(%s) ORDER BY id",
+                            (ids,)).fetchall()
+        assert left == [(ids[0],)]
