@@ -14,6 +14,9 @@ Grammar (case-insensitive, optional trailing ``;``)::
                                                 -- one sketch of the session's database
                                                 -- (lazy | eager | recapture | default)
 
+DROP SKETCH, DROP ALL SKETCHES, SET STRATEGY … FOR SKETCH and SET of a library setting change
+what every session shares: only a superuser may run them (``intercept.run_admin``).
+
 This module parses the statement and encodes results; the session runs the commands (they
 need its router, database and snapshot).
 """

@@ -72,7 +72,8 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
                   + SERVER_STARTED + ", pg_catalog.pg_client_encoding(),"
                   " extract(epoch FROM current_setting('statement_timeout')::interval)::float8,"
                   " current_setting('lock_timeout'),"
-                  " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true)")
+                  " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),"
+                  " current_user")
 NOT_UTF8 = ("the session's client_encoding is not UTF8: the proxy reads the client's SQL and "
             "parameters as UTF-8")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
@@ -365,13 +366,16 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
             raise Fallback("a parameter cannot be decoded")
     timeout = float(rows[0].values[6 + len(SESSION_SETTINGS)] or 0)
     lock_timeout = (rows[0].values[7 + len(SESSION_SETTINGS)] or b"0").decode()
+    # the client's role (SET ROLE included): a hook that checks_role does no capture for a
+    # query it may not run (the instrumented query, run as the client, is checked anyway)
+    role = (rows[0].values[9 + len(SESSION_SETTINGS)] or b"").decode() or None
     try:
         with _service_bounded(s, timeout):
             outcome = await s.router.prepare(s.dbname, snapshot, search_path, sql, params,
                                              started=started, explain=explain,
                                              snapshot_text=snapshot_text, settings=settings,
                                              cancel=s.new_service_cancel,
-                                             lock_timeout=lock_timeout)
+                                             lock_timeout=lock_timeout, role=role)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)
@@ -666,9 +670,46 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
             *rows, *outcome.details]
 
 
+_SUPERUSER = ("SELECT r.rolsuper FROM pg_catalog.pg_roles AS r"
+              " WHERE r.rolname = pg_catalog.current_user()")
+
+
+async def _require_superuser(s: Session, what: str) -> None:
+    """Raises PostgreSQL's ``42501 permission denied to …`` unless the client's role (its
+    ``current_user``, SET ROLE included) is a superuser: asked on the client's own backend.
+
+    Why: dropping sketches and the library's settings are shared by every session of the
+    proxy (every role's), and ``IMP DROP SKETCH <id>`` also told which ids exist; directly, a
+    role without privileges cannot even read or delete ``imp.sketches``."""
+    if s.scanner.status == ord("E"):
+        raise admin.AdminError("25P02", "current transaction is aborted, commands ignored "
+                               "until end of transaction block")
+    payload = (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, _SUPERUSER)
+               + codec.encode_sync())
+    s.enter_parse_mode()
+    try:
+        replies = await s.exchange_with_upstream(payload, 1)
+    finally:
+        s.leave_parse_mode()
+    rows = [codec.decode_data_row(m).values for t, m in replies if t == DATA_ROW]
+    if _first_error(replies) is None and rows and rows[0] and rows[0][0] == b"t":
+        return
+    raise admin.AdminError("42501", f"permission denied to {what}: must be superuser")
+
+
+_SHARED = {"drop": "drop a sketch", "drop_all": "drop all sketches",
+           "set": "change a process-wide IMP setting",
+           "set_strategy": "change a sketch's strategy"}
+"""The IMP statements that change what every session of the proxy shares (superusers
+only); ``IMP SET enabled`` is the session's own and open to every role."""
+
+
 async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
     router = s.router
     router.count("admin_commands")
+    if cmd.kind in _SHARED and not (cmd.kind == "set" and cmd.argument in admin.SETTINGS):
+        what = _SHARED[cmd.kind]
+        await _require_superuser(s, f"{what} ({cmd.argument})" if cmd.kind == "set" else what)
     try:
         if cmd.kind == "show_sketches":
             rows = admin.sketch_rows(await readable_sketches(s, await router.sketches(s.dbname)))

@@ -399,7 +399,7 @@ class Router:
                       settings: tuple[str, ...] | None = None,
                       started: str | None = None,
                       cancel: Callable[[], ServiceCancel] | None = None,
-                      lock_timeout: str = "0") -> PrepareOutcome:
+                      lock_timeout: str = "0", role: str | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -416,7 +416,9 @@ class Router:
         :class:`ServiceCancel` that lets the client's CancelRequest interrupt its work (an
         answer from memory needs none). ``lock_timeout``: the client's, which the service
         transaction takes too: a capture waiting longer for a lock fails and the client's own
-        query meets the lock under its own timeout."""
+        query meets the lock under its own timeout. ``role``: the client's ``current_user``,
+        told to a hook that ``checks_role`` (``prepare(…, role=)``): it does no work on the
+        service role's authority (a capture) for a query that role may not run."""
         hook = self._hook_for(dbname)
         if started:
             note = getattr(hook, "server_started", None)
@@ -440,14 +442,15 @@ class Router:
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
                                        sql, params, explain, snapshot_text, settings,
-                                       cancel() if cancel is not None else None, lock_timeout)
+                                       cancel() if cancel is not None else None, lock_timeout,
+                                       role)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
                           snapshot_text: str | None = None,
                           settings: tuple[str, ...] | None = None,
                           cancel: ServiceCancel | None = None,
-                          lock_timeout: str = "0") -> PrepareOutcome:
+                          lock_timeout: str = "0", role: str | None = None) -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
         imported, instead of reading it — and ``prepare(…, stop=)``: the cancel's event, which
@@ -490,6 +493,8 @@ class Router:
                     kwargs["snapshot"] = snapshot_text
                 if hasattr(self._hook_for(dbname), "prepare_cached"):
                     kwargs["stop"] = cancel.requested
+                if role is not None and getattr(self._hook_for(dbname), "checks_role", False):
+                    kwargs["role"] = role
                 p = hook.prepare(conn, sql, params, search_path, **kwargs)
                 prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()

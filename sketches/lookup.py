@@ -155,8 +155,7 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
     rows = conn.execute(query, prepare=True).fetchall()
     for i, relkind, rls, oid, schema, name, persistence, shadowing, _free in rows:
         if shadowing is not None:
-            return Relations(f"{shadowing}: a function or operator the query (or the proxy's "
-                             "own SQL) uses may not be PostgreSQL's built-in one", (), ())
+            return Relations(str(shadowing), (), ())
         t = tables[int(i) - 1]
         if relkind in ("v", "f"):
             return Relations(f"{t.name} is a view or foreign table: its rows may depend on "
@@ -205,30 +204,96 @@ _QUERY_TYPES = (
 """The user-created types (an extension's among them) of the query's values: its tables'
 columns and its casts, with a domain's base type and an array's element type."""
 
+_USER_WRITTEN = ("(CASE WHEN {f}.prokind = 'a' THEN EXISTS (SELECT"
+                 "  FROM pg_catalog.pg_aggregate AS g JOIN pg_catalog.pg_proc AS h ON h.oid IN"
+                 "  (g.aggtransfn::oid, g.aggfinalfn::oid, g.aggcombinefn::oid, g.aggserialfn::oid,"
+                 "   g.aggdeserialfn::oid, g.aggmtransfn::oid, g.aggminvtransfn::oid,"
+                 "   g.aggmfinalfn::oid)"
+                 "  WHERE g.aggfnoid = {f}.oid AND h.prolang NOT IN (12, 13))"
+                 " ELSE {f}.prolang NOT IN (12, 13) END)")
+"""SQL: the function ``{f}`` (a pg_proc row) runs code in a language any role may write
+(SQL, PL/pgSQL …; an aggregate: one of its support functions does), not in C or internal
+(12, 13) — which only a superuser (or an extension's script) can create."""
+
+_REACHED = ("EXISTS (SELECT FROM unnest({args}) AS a(t)"
+            "  JOIN pg_catalog.pg_type AS y ON y.oid = a.t"
+            "  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory = 'A'"
+            "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END"
+            "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND ({written} OR y.typtype <> 'b'"
+            "   OR x.typtype <> 'b' OR EXISTS (SELECT FROM pg_catalog.pg_cast AS k"
+            "    WHERE k.casttarget IN (y.oid, x.oid) AND k.castcontext = 'i')))")
+"""SQL: one of the argument types ``{args}`` (an oid[]) is a user-created type (an array's
+element counts) that a value of another type can become without the query naming it, where
+``{written}`` (the function is :data:`_USER_WRITTEN`) or the type runs code on the way: a
+domain (its CHECK constraints), an enum, composite or range (literals, rows and domains
+inside), a type an implicit cast leads to (the cast's function)."""
+
 _SHADOWING = psql.SQL(
     "(SELECT CASE WHEN (SELECT p.s FROM unnest(current_schemas(true)) WITH ORDINALITY AS p(s, i)"
     "  WHERE p.s NOT LIKE 'pg\\_temp\\_%' ORDER BY p.i LIMIT 1) IS DISTINCT FROM 'pg_catalog'"
-    " THEN 'a schema precedes pg_catalog on the search_path'"
-    " ELSE (SELECT format('%s %I.%s', u.kind, u.nsp, u.name) FROM ("
-    "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name"
+    " THEN 'a schema precedes pg_catalog on the search_path: a function or operator the query"
+    " (or the proxy''s own SQL) uses may not be PostgreSQL''s built-in one'"
+    " ELSE coalesce((SELECT format('%s %I.%s: ', u.kind, u.nsp, u.name) || CASE WHEN u.code"
+    "  THEN 'the query may run code that is not PostgreSQL''s own' ELSE 'a function or operator"
+    " the query (or the proxy''s own SQL) uses may not be PostgreSQL''s built-in one' END FROM ("
+    "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name,"
+    "  NOT (16384 > ALL (f.proargtypes::oid[])"
+    "   OR f.proargtypes::oid[] && " + _QUERY_TYPES + ") AS code"
     "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
     "  WHERE f.oid >= 16384 AND f.proname = ANY({routines}::text[])"
-    "  AND (16384 > ALL (f.proargtypes::oid[]) OR f.proargtypes::oid[] && " + _QUERY_TYPES + ")"
-    "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text"
+    "  AND (16384 > ALL (f.proargtypes::oid[]) OR f.proargtypes::oid[] && " + _QUERY_TYPES +
+    "   OR n.nspname LIKE 'pg\\_temp\\_%' OR "
+    + _REACHED.format(args="f.proargtypes::oid[]", written=_USER_WRITTEN.format(f="f")) + ")"
+    "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text,"
+    "  NOT (o.oprleft < 16384 AND o.oprright < 16384"
+    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES + ")"
     "  FROM pg_catalog.pg_operator AS o"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
+    "  JOIN pg_catalog.pg_proc AS c ON c.oid = o.oprcode"
     "  WHERE o.oid >= 16384 AND o.oprname = ANY({operators}::text[])"
     "  AND (o.oprleft < 16384 AND o.oprright < 16384"
-    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES + ")"
-    " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1) END)")
-"""A reason when the session's search_path can resolve a name of ``routines`` (functions and
-aggregates) or ``operators`` to one not in pg_catalog, else NULL: a schema other than the
-session's temporary one precedes pg_catalog (any same-signature function, aggregate, operator
-or type there wins), or a schema on the path defines a function or an operator of such a name
-that takes built-in types only (it wins where its argument types match better than
-pg_catalog's) or one of the query's own user-created types (:data:`_QUERY_TYPES`: citext's
-``=`` and ``max``). 16384: PostgreSQL's first user object id — only objects above it are
-read, down the oid index: a database has few.
+    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES +
+    "   OR n.nspname LIKE 'pg\\_temp\\_%' OR "
+    + _REACHED.format(args="ARRAY[o.oprleft, o.oprright]", written=_USER_WRITTEN.format(f="c"))
+    + ")"
+    " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1),"
+    " (SELECT format('cast to %s: the query may run code that is not PostgreSQL''s own',"
+    "   y.oid::regtype)"
+    "  FROM unnest({types}::text[]) AS c(n) JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(c.n)"
+    "  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory = 'A'"
+    "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END"
+    "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND (y.typtype <> 'b' OR x.typtype <> 'b')"
+    "  LIMIT 1),"
+    " (SELECT format('cast function %s.%I: the query may run code that is not PostgreSQL''s"
+    "   own', h.pronamespace::regnamespace, h.proname)"
+    "  FROM pg_catalog.pg_cast AS k JOIN pg_catalog.pg_proc AS h ON h.oid = k.castfunc"
+    "  WHERE k.castfunc >= 16384 AND "
+    + _USER_WRITTEN.format(f="h") + " AND ARRAY[k.castsource, k.casttarget] && " + _QUERY_TYPES
+    + " LIMIT 1)) END)")
+"""A reason when the query (or the library's own SQL) may run a function or operator that is
+not PostgreSQL's built-in one on the session's search_path, else NULL:
+
+* a schema other than the session's temporary one precedes pg_catalog (any same-signature
+  function, aggregate, operator or type there wins);
+* a schema on the path defines a function (or aggregate) or an operator of a name of
+  ``routines`` or ``operators`` that takes built-in types only (it wins where its argument
+  types match better than pg_catalog's) or one of the query's own user-created types
+  (:data:`_QUERY_TYPES`: citext's ``=`` and ``max``); or that a value can reach without the
+  query naming its type (:data:`_REACHED`): an argument of a domain (``lower(v)`` on an int
+  finds ``lower(dd)``, dd a domain over int, and runs dd's CHECK), enum, composite or range
+  type, or of a type an implicit cast leads to, or — when the function is written in SQL,
+  PL/pgSQL or another language any role may use (:data:`_USER_WRITTEN`) — of any user-created
+  type (an untyped literal becomes one); or that lives in a temporary schema ``pg_temp_N``
+  (PostgreSQL never looks there for the client's functions and operators, but the service
+  connection lists the client's temporary schema by name, and finds them);
+* a cast of the query targets a user-created type other than a base type (an array's
+  element counts): a domain's CHECK constraints, a composite's or range's domain fields;
+* a user-created cast function in such a language converts from or to one of the query's
+  user-created types (PostgreSQL applies an implicit one unasked: ``sum(e)`` on an enum with
+  ``CREATE CAST (mood AS int) WITH FUNCTION … AS IMPLICIT``).
+
+16384: PostgreSQL's first user object id — only objects above it are read, down the oid
+index: a database has few.
 
 Why: the incremental engine and the answers from memory compute the built-in ones, and one
 sketch serves every session whose names resolve to the same tables. An extension's operator
@@ -237,7 +302,18 @@ case-insensitively there and as text elsewhere (found: a sketch captured with th
 extension's schema on the path answered a session without it with 0 groups instead of 50).
 Such a query passes through where the extension's operator is visible; sessions that resolve
 to the built-in ones share sketches. Functions and operators on an extension's types a query
-does not use block nothing (citext's ``max`` does not concern a query of integers)."""
+does not use block nothing (citext's ``max`` does not concern a query of integers: citext is
+a base type no implicit cast leads to, its functions are C).
+
+And the capture runs on the service connection, as a privileged role, the query's SQL on the
+client's search_path: code of the client's own would run with the service role's privileges
+(found: a domain's CHECK, ``lower(dd)`` and ``===(dd, int)`` — in the client's schema or its
+temporary one — made an unprivileged role SUPERUSER through a query that PostgreSQL ran,
+directly, as the role itself). Such queries pass through, and run as the client. What a
+plain SELECT cannot reach: base types, operator classes, text search parsers and index
+access methods are a superuser's (C code); ANALYZE evaluates index and statistics
+expressions as the table's owner; views, foreign tables and row-level security pass
+through (:func:`relations`)."""
 
 _SETTINGS_FREE = (
     "(SELECT NOT EXISTS (SELECT FROM ("

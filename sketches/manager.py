@@ -55,7 +55,13 @@ from sketches.maintained import ENGINE_BUGS, IncrementalMaintenance
 from sketches.maintained import Entry as _Entry
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
-from sketches.ranges import RangePartition, build_partition, check_partitionable, column_info
+from sketches.ranges import (
+    RangePartition,
+    build_partition,
+    check_partitionable,
+    column_info,
+    lock_query_tables,
+)
 from sketches.safety import (
     SafeAttribute,
     Safety,
@@ -232,11 +238,15 @@ class SketchManager(IncrementalMaintenance):
     """:meth:`prepare` takes ``settings_differ`` (the proxy asks it for sessions whose
     TimeZone, DateStyle or IntervalStyle differ from the service connection's)."""
 
+    checks_role = True
+    """:meth:`prepare` takes ``role``: the client's ``current_user`` (the proxy reads it in
+    its snapshot round trip)."""
+
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
                 search_path: str | None = None, snapshot: str | None = None,
                 settings_differ: str | None = None,
-                stop: threading.Event | None = None) -> Prepared:
+                stop: threading.Event | None = None, role: str | None = None) -> Prepared:
         """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
 
         ``snapshot`` (with ``search_path``): the caller vouches that conn is in a fresh
@@ -254,7 +264,17 @@ class SketchManager(IncrementalMaintenance):
         ``stop``: once set, a prepare still waiting for another one of its template (a
         capture, a maintenance: the template's lock) raises :class:`Interrupted`. Why: the
         caller's client cancelled, and that wait is in Python, where no cancel of the
-        database reaches it."""
+        database reaches it.
+
+        ``role``: the role the caller's client runs the query as (its ``current_user``; None:
+        conn's own role, which needs no check). Before the manager does anything on conn's
+        role's authority — installing its catalog, a capture (statistics targets, ANALYZE,
+        tables queued for tracking, a stored sketch) — ``role`` must have SELECT on every
+        table of the query (``has_table_privilege``), else the query passes through and
+        PostgreSQL refuses it to the client itself. A role with column privileges only
+        passes through too (PostgreSQL answers it, exactly). Why only there: a use needs no
+        check — the instrumented query runs as the client, so PostgreSQL checks it — and the
+        check costs a round trip the common use path must not pay."""
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         cls = self.classify(sql)
@@ -268,7 +288,7 @@ class SketchManager(IncrementalMaintenance):
             self._remember_conninfo(conn)
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
-                                        cls.template, settings_differ, stop)
+                                        cls.template, settings_differ, stop, role)
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and _partition_unseen(exc):
                 with self._lock:  # read from the catalog again next time
@@ -282,7 +302,8 @@ class SketchManager(IncrementalMaintenance):
                         params: Sequence[object] | None, search_path: str | None, path: str,
                         snapshot: str | None, template: str,
                         settings_differ: str | None = None,
-                        stop: threading.Event | None = None) -> Prepared:
+                        stop: threading.Event | None = None,
+                        role: str | None = None) -> Prepared:
         tmpl = self._template(template)
         self._txn.uncommitted = _Uncommitted()
         with _held(tmpl.lock, stop):
@@ -290,7 +311,7 @@ class SketchManager(IncrementalMaintenance):
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     template, tmpl, path, snapshot, key, settings_differ)
+                                     template, tmpl, path, snapshot, key, settings_differ, role)
             except CaptureError:
                 self._stats["errors"] += 1
                 raise
@@ -440,7 +461,7 @@ class SketchManager(IncrementalMaintenance):
                  params: tuple[object, ...] | None, template: str,
                  tmpl: _Template, search_path: str | None = None,
                  snapshot: str | None = None, key: Key | None = None,
-                 settings_differ: str | None = None) -> Prepared:
+                 settings_differ: str | None = None, role: str | None = None) -> Prepared:
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
@@ -453,7 +474,13 @@ class SketchManager(IncrementalMaintenance):
                 and _settings_free_values(params))
         if settings_differ is not None and not free:
             return self._passthrough(settings_differ)
+        checked = role is None   # see prepare(): checked before the first write only
         if self.settings.persist:
+            if not self._installed:
+                denied = _may_not_read(conn, role, relations.oids)
+                if denied is not None:
+                    return self._passthrough(denied)
+                checked = True
             self._ensure_catalog(conn)
             if not tmpl.loaded:
                 self._load(conn, template, tmpl, relations)
@@ -483,8 +510,11 @@ class SketchManager(IncrementalMaintenance):
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
             return self._passthrough(f"template seen {tmpl.seen} of "
                                      f"{self.settings.capture_after} times before capture")
+        denied = None if checked else _may_not_read(conn, role, relations.oids)
+        if denied is not None:
+            return self._passthrough(denied)
         entry = self._capture(conn, sql, params, template, tmpl, analysis, safety,
-                              relations.oids)
+                              relations.oids, relations.names)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         tmpl.entries.insert(0, entry)
         self._uncommitted().captured.append((tmpl, entry))
@@ -615,11 +645,16 @@ class SketchManager(IncrementalMaintenance):
     def _capture(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str, tmpl: _Template,
                  analysis: QueryAnalysis, safety: Safety,
-                 relations: tuple[int, ...]) -> _Entry:
+                 relations: tuple[int, ...],
+                 names: Sequence[tuple[str, str]] = ()) -> _Entry:
         """A new sketch on ``relations``: with incremental state when the tables are tracked
         in this snapshot (shared with a sketch of ``tmpl`` on the same relations, whose lock
         the caller holds, where possible), else captured plainly (and the tables queued for
-        tracking)."""
+        tracking). ``names``: the relations' (schema, name), locked ACCESS SHARE first with
+        a bounded wait (:func:`sketches.ranges.lock_query_tables`): a partition built here
+        takes SHARE UPDATE EXCLUSIVE on its table, which must not be held while the capture
+        waits for another table of the query."""
+        lock_query_tables(conn, names)
         targets = self._targets(conn, analysis, safety)
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn),
@@ -977,6 +1012,22 @@ class SketchManager(IncrementalMaintenance):
 
 STOP_POLL = 0.05
 """Seconds between looks at a prepare's ``stop`` while it waits for its template's lock."""
+
+
+def _may_not_read(conn: psycopg.Connection[Any], role: str | None,
+                  oids: Sequence[int]) -> str | None:
+    """Why the query passes through when ``role`` lacks SELECT on one of the relations
+    ``oids`` (its column privileges do not count: PostgreSQL answers such a role itself),
+    else None; one round trip on conn (see :meth:`SketchManager.prepare`'s ``role``)."""
+    if role is None or not oids:
+        return None
+    row = conn.execute("SELECT pg_catalog.bool_and(pg_catalog.has_table_privilege("
+                       "%s::text::name, c, 'SELECT')) FROM pg_catalog.unnest(%s::oid[]) AS c",
+                       (role, list(oids))).fetchone()
+    if row is not None and row[0] is True:
+        return None
+    return ("the session's role may not SELECT every table of the query: PostgreSQL answers "
+            "it itself (no sketch work on the service role's authority)")
 
 
 @contextlib.contextmanager

@@ -286,6 +286,37 @@ STATISTICS_LOCK_WAIT = "2s"
 autovacuum in the way cancels itself. Failing, the capture passes the query through."""
 
 
+_BOUNDED_WAIT = ("SELECT current_setting('lock_timeout'), set_config('lock_timeout',"
+                 " CASE WHEN current_setting('lock_timeout')::interval"
+                 " BETWEEN '1 us' AND %s::interval THEN current_setting('lock_timeout')"
+                 " ELSE %s END, true)")
+"""Reads the ``lock_timeout`` in force (the client's, when the caller set it) and bounds it
+by :data:`STATISTICS_LOCK_WAIT` for the statements that follow, transaction-locally."""
+
+
+def lock_query_tables(conn: psycopg.Connection[Any], tables: Iterable[tuple[str, str]]) -> None:
+    """ACCESS SHARE on every one of ``tables`` (schema, name: a query's tables), waiting at
+    most :data:`STATISTICS_LOCK_WAIT` (or the shorter ``lock_timeout`` in force, which is put
+    back afterwards); raises ``LockNotAvailable`` when one cannot be had, and the capture
+    fails (the query passes through).
+
+    Why, before a capture raises a statistics target and ANALYZEs a table: those take SHARE
+    UPDATE EXCLUSIVE, held to the capture's commit. A capture that then waited for another
+    table of the query (a role keeping its own table locked ACCESS EXCLUSIVE in an open
+    transaction) kept CREATE INDEX, VACUUM, ANALYZE and DDL on the first table waiting as
+    long as that role liked, where the query itself, run directly, holds only ACCESS SHARE
+    (found: CREATE INDEX blocked for as long as the lock was held). With every table's
+    ACCESS SHARE in hand first, nothing after the ANALYZE waits for the query's tables."""
+    names = sorted({(s, n) for s, n in tables if s and n})
+    if not names:
+        return
+    row = conn.execute(_BOUNDED_WAIT, (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)).fetchone()
+    assert row is not None
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE; "
+                         "SELECT set_config('lock_timeout', {}, true)").format(
+        sql.SQL(", ").join(sql.Identifier(s, n) for s, n in names), sql.Literal(str(row[0]))))
+
+
 def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> None:
     """Raises the column's statistics target to ``wanted`` (if lower) and runs ANALYZE.
 
@@ -309,11 +340,7 @@ def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: 
         log.info("%s.%s is locked against ANALYZE: using its existing statistics", info.schema,
                  info.table)
         return
-    row = conn.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout',"
-                       " CASE WHEN current_setting('lock_timeout')::interval"
-                       " BETWEEN '1 us' AND %s::interval THEN current_setting('lock_timeout')"
-                       " ELSE %s END, true)", (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)
-                       ).fetchone()
+    row = conn.execute(_BOUNDED_WAIT, (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)).fetchone()
     assert row is not None
     if current < target:
         log.info("raising statistics target of %s.%s.%s to %d",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 from typing import Any
 
 import psycopg
@@ -154,3 +155,45 @@ def test_without_library(proxy_dsn: str) -> None:
         e = kv(c, "IMP EXPLAIN SELECT 1 GROUP BY 1")
         assert e["decision"] == "passthrough"
         assert kv(c, "IMP SHOW STATS")["library"] == "false"
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_shared_state_needs_a_superuser(db_dsn: str, start_proxy: StartProxy,
+                                        prepare: bool) -> None:
+    """Dropping sketches and process-wide settings change every session's proxy: a role
+    without privileges gets PostgreSQL's 42501 (and learns no sketch id), a superuser may;
+    ``IMP SET enabled`` is the session's own and open to every role."""
+    own = start_proxy(hook=HOOK)
+    role = f"nobody_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute("CREATE TABLE IF NOT EXISTS probe (id bigserial PRIMARY KEY, grp int NOT NULL)")
+    su = via_proxy(db_dsn, own.port)
+    with psycopg.connect(via_proxy(db_dsn, own.port, user=role), autocommit=True) as c:
+        for sql in ("IMP DROP SKETCH 1", "IMP DROP SKETCH 99", "IMP DROP ALL SKETCHES",
+                    "IMP SET strategy = eager", "IMP SET STRATEGY = eager FOR SKETCH 1"):
+            with pytest.raises(errors.InsufficientPrivilege, match="permission denied to"):
+                c.execute(sql, prepare=prepare)
+            assert c.execute("SELECT 'usable'").fetchone() == ("usable",)
+        with c.transaction():   # inside a transaction block too; it stays usable
+            with pytest.raises(errors.InsufficientPrivilege):
+                c.execute("IMP DROP ALL SKETCHES", prepare=prepare)
+        assert c.execute("IMP SET enabled = off", prepare=prepare).statusmessage == "IMP SET"
+        assert kv(c, "IMP SHOW STATS")["session.enabled"] == "false"
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+    with psycopg.connect(su, autocommit=True) as c:
+        assert [r[0] for r in c.execute("IMP SHOW SKETCHES").fetchall()] == ["1"]
+        stats = kv(c, "IMP SHOW STATS")
+        assert stats["hook.strategy"] == "lazy" and stats["session.enabled"] == "true"
+        c.execute("IMP SET strategy = eager", prepare=prepare)
+        assert kv(c, "IMP SHOW STATS")["hook.strategy"] == "eager"
+        assert c.execute("IMP DROP SKETCH 1", prepare=prepare).statusmessage == \
+            "IMP DROP SKETCH"
+        assert c.execute("IMP DROP ALL SKETCHES", prepare=prepare).statusmessage == \
+            "IMP DROP 0"
+        # a superuser reached through SET ROLE of an unprivileged role is refused
+        c.execute(f"SET ROLE {role}")
+        with pytest.raises(errors.InsufficientPrivilege):
+            c.execute("IMP SET strategy = lazy", prepare=prepare)
+        c.execute("RESET ROLE")
+        assert kv(c, "IMP SHOW STATS")["hook.strategy"] == "eager"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -564,3 +565,60 @@ def test_a_capture_never_waits_for_a_lock_the_query_does_not_need(ldsn: str,
             timer.cancel()
             if not released.is_set():
                 release()
+
+
+def test_no_sketch_work_for_a_query_the_role_may_not_run(library_proxy: ProxyProcess,
+                                                         fresh_db: Callable[[], str]) -> None:
+    """A role without SELECT on t (its column privileges do not count) sends a sketchable
+    query: PostgreSQL's own 42501, and nothing done on the service role's authority — no
+    catalog installed, no statistics target raised, no ANALYZE, no audit trigger, no sketch.
+    Also once the catalog exists (another table's sketch), and under SET ROLE."""
+    dsn = fresh_db()
+    role = f"out_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for table in ("t", "u"):
+            c.execute(f"CREATE TABLE {table} (g int NOT NULL, v int NOT NULL)")
+            c.execute(f"INSERT INTO {table} SELECT i % 100, i FROM generate_series(1, 20000) i")
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT SELECT (g) ON t TO {role}")   # column privileges only
+
+    def state() -> tuple[Any, ...]:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            row = c.execute(
+                "SELECT (SELECT array_agg(attstattarget ORDER BY attnum) FROM pg_attribute"
+                "        WHERE attrelid = 't'::regclass AND attnum > 0),"
+                " (SELECT count(*) FROM pg_trigger WHERE tgrelid = 't'::regclass),"
+                " (SELECT last_analyze FROM pg_stat_user_tables WHERE relid = 't'::regclass),"
+                " to_regclass('imp.sketches') IS NOT NULL").fetchone()
+            assert row is not None
+            sketches = (c.execute("SELECT count(*) FROM imp.sketches"
+                                   " WHERE 't'::regclass::oid::bigint = ANY (relations)")
+                        .fetchone() if row[3] else (None,))
+            assert sketches is not None
+            return (*row[:3], sketches[0])
+
+    q = "SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v) > 2000000 ORDER BY g"
+    uq = q.replace("FROM t ", "FROM u ")
+
+    def refused(conninfo: str, set_role: bool = False) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as c:
+            if set_role:
+                c.execute(f"SET ROLE {role}")
+            for prepare in (False, True, False):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                   match="permission denied for table t"):
+                    c.execute(q, prepare=prepare).fetchall()
+
+    before = state()
+    assert before[3] is None            # no catalog yet
+    refused(via_proxy(dsn, library_proxy.port, user=role))
+    assert state() == before
+    with psycopg.connect(via_proxy(dsn, library_proxy.port), autocommit=True) as c:
+        c.execute(uq).fetchall()          # a superuser's capture installs the catalog
+        assert dict(c.execute(f"IMP EXPLAIN {uq}").fetchall())["decision"] == "use"
+    before = state()
+    assert before[3] == 0
+    refused(via_proxy(dsn, library_proxy.port, user=role))
+    refused(via_proxy(dsn, library_proxy.port), set_role=True)
+    time.sleep(0.5)                        # the background thread would track by now
+    assert state() == before

@@ -759,3 +759,160 @@ def test_an_extensions_operators_serve_only_the_sessions_that_see_them(
             assert explain["decision"] == "passthrough", (path, q, explain)
         else:  # sessions that resolve to the built-in operators keep their sketches
             assert explain["decision"] in ("use", "capture"), (path, q, explain)
+
+
+# ---------------------------------------------------- no role's code runs as the service role
+
+ESC_Q = "SELECT g, sum(v) FROM public.t WHERE {w} GROUP BY g HAVING sum(v) > 2000000 ORDER BY g"
+
+
+def _escalation_db(fresh_db: Any, prefix: str, *, select: bool = True,
+                   schema: bool = True) -> tuple[str, str]:
+    """A database with public.t, a login role (SELECT on t, schema ``s`` of its own, as
+    asked) and ``public.ran``, where the role's code notes whom it ran as; (dsn, role)."""
+    dsn = str(fresh_db())
+    role = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO t SELECT i % 100, i FROM generate_series(1, 20000) i")
+        c.execute("ANALYZE t")
+        c.execute("CREATE TABLE ran (who text NOT NULL)")
+        c.execute("GRANT SELECT, INSERT ON ran TO PUBLIC")
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        if select:
+            c.execute(f"GRANT SELECT ON t TO {role}")
+        if schema:
+            c.execute(f"CREATE SCHEMA s AUTHORIZATION {role}")
+    return dsn, role
+
+
+def _escalating(role: str, returns: str = "bool", result: str = "true") -> str:
+    """The body of a PL/pgSQL function that notes its current_user and, run by a superuser,
+    makes ``role`` one."""
+    return (f"RETURNS {returns} LANGUAGE plpgsql AS $$ BEGIN"
+            " INSERT INTO public.ran VALUES (current_user);"
+            " IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN"
+            f" EXECUTE 'ALTER ROLE {role} SUPERUSER'; END IF; RETURN {result}; END $$")
+
+
+def _outcome(conninfo: str, setup: list[str], q: str, explain: bool = False) -> tuple[Any, ...]:
+    """``q``'s rows, or its error, in a session that first runs ``setup``."""
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        for statement in setup:
+            c.execute(statement)
+        if explain:
+            plan = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
+            assert plan["decision"] == "passthrough", plan
+        try:
+            return ("rows", c.execute(q).fetchall())
+        except psycopg.Error as exc:
+            return ("error", exc.diag.sqlstate, str(exc))
+
+
+def _never_escalates(dsn: str, role: str, port: int, setup: list[str], q: str,
+                     explain_only: bool = False) -> set[str]:
+    """The role's query through the proxy (twice: capture, then use) answers as PostgreSQL
+    does directly, and none of the role's code ran as anyone but the role; returns whom it
+    ran as."""
+    direct = psycopg.conninfo.make_conninfo(dsn, user=role)
+    want = _outcome(direct, setup, q)
+    proxied = via_proxy(dsn, port, user=role)
+    if explain_only:
+        with psycopg.connect(proxied, autocommit=True) as c:
+            for statement in setup:
+                c.execute(statement)
+            plan = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
+            assert plan["decision"] == "passthrough", plan
+    else:
+        for _ in range(2):
+            assert _outcome(proxied, setup, q, explain=True) == want
+    with psycopg.connect(dsn, autocommit=True) as c:
+        superuser = c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s",
+                              (role,)).fetchone()
+        ran = {r[0] for r in c.execute("SELECT who FROM ran").fetchall()}
+    assert superuser == (False,), f"{role} became SUPERUSER through the proxy"
+    assert ran <= {role}, f"the role's code ran as {ran - {role}}"
+    return ran
+
+
+@pytest.mark.parametrize("how", ["plain query", "IMP EXPLAIN only"])
+@pytest.mark.parametrize("where", ["s", "pg_temp"])
+def test_a_domains_check_never_runs_as_the_service_role(
+        fresh_db: Any, sketch_proxy: ProxyProcess, where: str, how: str) -> None:
+    """``v::sd`` with a domain whose CHECK calls the role's function: the capture evaluated it
+    as the service role (a superuser here), which made the role SUPERUSER — through the
+    role's own schema, or with only the TEMP privilege every role has. (Found by a security
+    hunt, session 20.)"""
+    dsn, role = _escalation_db(fresh_db, "dom", schema=where == "s")
+    setup = [f"CREATE FUNCTION {where}.esc(x int) {_escalating(role)}",
+             f"CREATE DOMAIN {where}.sd AS int CHECK ({where}.esc(VALUE))"]
+    if where == "s":
+        with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role),
+                             autocommit=True) as c:
+            for statement in setup:
+                c.execute(statement)
+        setup = ["SET search_path = public, s"]
+    ran = _never_escalates(dsn, role, sketch_proxy.port, setup, ESC_Q.format(w="v::sd > 0"),
+                           explain_only=how == "IMP EXPLAIN only")
+    assert ran == {role}   # directly, the CHECK ran as the role
+
+
+def test_a_role_without_select_never_runs_its_code_as_the_service_role(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """No privilege on t, no schema (CONNECT and TEMP only, PostgreSQL's defaults): directly
+    the query is denied before the CHECK runs; through the proxy the capture ran it."""
+    dsn, role = _escalation_db(fresh_db, "nosel", select=False, schema=False)
+    setup = [f"CREATE FUNCTION pg_temp.esc(x int) {_escalating(role)}",
+             "CREATE DOMAIN pg_temp.sd AS int CHECK (pg_temp.esc(VALUE))"]
+    assert _never_escalates(dsn, role, sketch_proxy.port, setup,
+                            ESC_Q.format(w="v::sd > 0")) == set()   # denied before it ran
+
+
+@pytest.mark.parametrize("where", ["s", "pg_temp"])
+@pytest.mark.parametrize("name", ["lower", "f"])
+def test_a_function_reached_through_a_domain_never_runs_as_the_service_role(
+        fresh_db: Any, sketch_proxy: ProxyProcess, where: str, name: str) -> None:
+    """An unqualified ``lower(v)`` (a name the proxy knows; PostgreSQL has no lower(int)) or
+    ``f(v)`` on an int finds the role's ``lower(dd)``, dd a domain over int, through the
+    implicit int -> dd coercion. In pg_temp the client never finds it (an error, directly
+    too); the service connection, which names the client's temporary schema, did."""
+    dsn, role = _escalation_db(fresh_db, "fn", schema=where == "s")
+    setup = [f"CREATE DOMAIN {where}.dd AS int",
+             f"CREATE FUNCTION {where}.{name}(x {where}.dd) {_escalating(role)}"]
+    if where == "s":
+        with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role),
+                             autocommit=True) as c:
+            for statement in setup:
+                c.execute(statement)
+        setup = ["SET search_path = public, s"]
+    ran = _never_escalates(dsn, role, sketch_proxy.port, setup, ESC_Q.format(w=f"{name}(v)"))
+    assert ran == ({role} if where == "s" else set())
+
+
+def test_an_operator_on_a_domain_operand_never_runs_as_the_service_role(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """``v === 1`` finds the role's ``s.===(s.dd, int)`` through int -> dd."""
+    dsn, role = _escalation_db(fresh_db, "op")
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role), autocommit=True) as c:
+        c.execute("CREATE DOMAIN s.dd AS int")
+        c.execute(f"CREATE FUNCTION s.opf(x s.dd, y int) {_escalating(role)}")
+        c.execute("CREATE OPERATOR s.=== (LEFTARG = s.dd, RIGHTARG = int, FUNCTION = s.opf)")
+    assert _never_escalates(dsn, role, sketch_proxy.port, ["SET search_path = public, s"],
+                            ESC_Q.format(w="v === 1")) == {role}
+
+
+def test_a_roles_implicit_cast_never_runs_as_the_service_role(
+        fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
+    """``sum(e)`` on an enum column the role owns, with its ``CREATE CAST (mood AS int) WITH
+    FUNCTION … AS IMPLICIT``: PostgreSQL applies the cast's function unasked."""
+    dsn, role = _escalation_db(fresh_db, "cast")
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role), autocommit=True) as c:
+        c.execute("CREATE TYPE s.mood AS ENUM ('low', 'high')")
+        c.execute("CREATE TABLE s.feel (g int NOT NULL, e s.mood NOT NULL)")
+        c.execute("INSERT INTO s.feel SELECT i % 100, CASE WHEN i % 3 = 0 THEN 'high'"
+                  " ELSE 'low' END::s.mood FROM generate_series(1, 20000) i")
+        c.execute("ANALYZE s.feel")
+        c.execute(f"CREATE FUNCTION s.m2i(x s.mood) {_escalating(role, 'int', '1')}")
+        c.execute("CREATE CAST (s.mood AS int) WITH FUNCTION s.m2i(s.mood) AS IMPLICIT")
+    q = "SELECT g, sum(e) FROM s.feel GROUP BY g HAVING sum(e) > 150 ORDER BY g"
+    assert _never_escalates(dsn, role, sketch_proxy.port, [], q) == {role}

@@ -130,3 +130,128 @@ def test_settings_free_queries_read_no_date_time_or_interval(
                  " m lk.mood, p lk.pint, ts timestamptz, d date, dd lk.stamp, da date[],"
                  " iv interval, tr tstzrange, c lk.pair)")
     assert lookup.relations(conn, analyse(sql, lookup.resolver(conn))).settings_free is free
+
+
+ESCAPE = "SELECT g, sum(v) FROM lk.plain WHERE {w} GROUP BY g HAVING sum(v) > 3"
+
+
+@pytest.fixture
+def own_code(conn: psycopg.Connection[Any], db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A session with a schema ``own`` of user code (dropped after), on public, own (and
+    schema lk of ``conn``)."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS citext SCHEMA public")
+        c.execute("CREATE SCHEMA own")
+        c.execute("CREATE DOMAIN own.dd AS int CHECK (VALUE > 0)")
+        c.execute("CREATE TYPE own.mood AS ENUM ('a', 'b')")
+        c.execute("CREATE TYPE own.pair AS (a own.dd, b int)")
+        c.execute("CREATE TABLE own.feel (g int, v int, e own.mood, t text)")
+        c.execute("SET search_path = public, own")
+        try:
+            yield c
+        finally:
+            c.execute("RESET search_path")
+            c.execute("DROP SCHEMA own CASCADE")
+
+
+def _reason(c: psycopg.Connection[Any], sql: str) -> str | None:
+    return lookup.relations(c, analyse(sql, lenient=True)).reason
+
+
+@pytest.mark.parametrize(("setup", "where"), [
+    ("", "v::own.dd > 0"),                    # a domain's CHECK runs on the cast
+    ("", "v::dd > 0"),
+    ("", "'a'::own.mood IS NOT NULL"),        # an enum (a user cast may lead there)
+    ("", "'(1,2)'::own.pair IS NOT NULL"),    # a composite with a domain field
+    ("", "ARRAY[v]::own.dd[] IS NOT NULL"),   # an array of a domain
+    ("CREATE DOMAIN pg_temp.td AS int", "v::td > 0"),
+    # a whitelisted name resolves to the role's function through int -> domain
+    ("CREATE FUNCTION own.lower(x own.dd) RETURNS bool LANGUAGE sql AS 'SELECT true'",
+     "lower(v)"),
+    ("CREATE DOMAIN pg_temp.td AS int;"
+     " CREATE FUNCTION pg_temp.lower(x pg_temp.td) RETURNS bool LANGUAGE sql AS 'SELECT true'",
+     "lower(v)"),
+    ("CREATE FUNCTION own.lower(x own.dd[]) RETURNS bool LANGUAGE sql AS 'SELECT true'",
+     "lower(ARRAY[v])"),
+    # an operator on a domain operand
+    ("CREATE FUNCTION own.opf(x own.dd, y int) RETURNS bool LANGUAGE sql AS 'SELECT true';"
+     " CREATE OPERATOR own.=== (LEFTARG = own.dd, RIGHTARG = int, FUNCTION = own.opf)",
+     "v === 1"),
+    # a role's SQL function on any user type (an untyped literal becomes one)
+    ("CREATE FUNCTION own.sum(x public.citext) RETURNS int LANGUAGE sql AS 'SELECT 1'",
+     "v > 0"),
+    ("CREATE FUNCTION own.agg_step(s int, x own.mood) RETURNS int LANGUAGE sql"
+     " AS 'SELECT 1'; CREATE AGGREGATE own.sum(own.mood) (SFUNC = own.agg_step, STYPE = int)",
+     "v > 0"),
+    # a C function in the client's temporary schema (never found by the client itself)
+    ("CREATE FUNCTION pg_temp.lower(x public.citext) RETURNS text LANGUAGE internal"
+     " AS 'lower'", "lower(v::text) = 'x'"),
+    # a C function on a base type an implicit cast leads to
+    ("CREATE TYPE own.num; CREATE FUNCTION own.num_in(cstring) RETURNS own.num"
+     " LANGUAGE internal IMMUTABLE STRICT AS 'int4in';"
+     " CREATE FUNCTION own.num_out(own.num) RETURNS cstring LANGUAGE internal IMMUTABLE"
+     " STRICT AS 'int4out';"
+     " CREATE TYPE own.num (INPUT = own.num_in, OUTPUT = own.num_out, LIKE = int4);"
+     " CREATE CAST (int AS own.num) WITHOUT FUNCTION AS IMPLICIT;"
+     " CREATE FUNCTION own.lower(x own.num) RETURNS bool LANGUAGE internal AS 'int4eq'",
+     "lower(v)"),
+])
+def test_user_code_a_query_may_run_passes_through(own_code: psycopg.Connection[Any],
+                                                  setup: str, where: str) -> None:
+    """The capture runs the query's SQL as the service role: no code of a role's own may
+    run on the way — a domain's CHECK, a function or operator a value reaches through a
+    domain, an implicit cast or a literal, anything in the client's temporary schema."""
+    assert _reason(own_code, ESCAPE.format(w="v > 0")) is None
+    for statement in filter(None, setup.split(";")):
+        own_code.execute(statement)
+    got = _reason(own_code, ESCAPE.format(w=where))
+    assert got is not None and ": " in got
+
+
+@pytest.mark.parametrize("context", ["IMPLICIT", "ASSIGNMENT", "EXPLICIT"])
+def test_a_user_cast_of_a_query_type_passes_through(own_code: psycopg.Connection[Any],
+                                                     context: str) -> None:
+    """``sum(e)`` on an enum with ``CREATE CAST (mood AS int) WITH FUNCTION … AS IMPLICIT``
+    runs the cast's function unasked."""
+    sql = "SELECT g, sum(v) FROM own.feel WHERE e IS NOT NULL GROUP BY g"
+    assert _reason(own_code, sql) is None
+    own_code.execute("CREATE FUNCTION own.m2i(x own.mood) RETURNS int LANGUAGE sql"
+                     " AS 'SELECT 1'")
+    own_code.execute(f"CREATE CAST (own.mood AS int) WITH FUNCTION own.m2i(own.mood)"
+                     f" AS {context}" if context != "EXPLICIT" else
+                     "CREATE CAST (own.mood AS int) WITH FUNCTION own.m2i(own.mood)")
+    got = _reason(own_code, sql)
+    assert got is not None and "own.m2i" in got
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT g, sum(v) FROM own.feel WHERE v > 0 GROUP BY g HAVING max(v) > 3",
+    "SELECT g, count(*) FROM own.feel WHERE lower(t) = 'x' GROUP BY g",
+    "SELECT g, count(*) FROM own.feel WHERE e = 'a' GROUP BY g",    # an enum column, no cast
+])
+def test_built_in_code_and_an_extensions_base_type_pass(own_code: psycopg.Connection[Any],
+                                                        sql: str) -> None:
+    """Queries of built-in types keep their sketches with citext's schema on the path (a
+    base type no implicit cast leads to, its functions C) and an enum column."""
+    assert _reason(own_code, sql) is None
+
+
+def test_a_citext_column_compared_with_text_off_the_path(own_code: psycopg.Connection[Any]
+                                                         ) -> None:
+    """citext's schema off the path: its column compared with text, and a cast to it, run
+    only PostgreSQL's code (its casts are C, no implicit one leads to it); on the path its
+    own ``=`` is found, as before."""
+    own_code.execute("CREATE SCHEMA own_ext")
+    try:
+        own_code.execute("ALTER EXTENSION citext SET SCHEMA own_ext")
+        own_code.execute("ALTER TABLE own.feel ADD COLUMN c own_ext.citext")
+        sql = "SELECT g, count(*) FROM own.feel WHERE c = 'foo' GROUP BY g"
+        assert _reason(own_code, sql) is None
+        sql = "SELECT g, count(*) FROM own.feel WHERE t::own_ext.citext = 'foo' GROUP BY g"
+        assert _reason(own_code, sql) is None
+        own_code.execute("SET search_path = public, own, own_ext")
+        got = _reason(own_code, sql)   # citext's own = is found: not the built-in one
+        assert got is not None and "built-in" in got
+    finally:
+        own_code.execute("ALTER EXTENSION citext SET SCHEMA public")
+        own_code.execute("DROP SCHEMA own_ext CASCADE")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -323,3 +324,56 @@ def test_a_second_group_key_of_an_ordered_type_is_the_sketch_attribute(data: str
             assert rows(c, p.instrumented_sql, None) == rows(c, query, None)
         finally:
             m.close()
+
+
+def test_a_capture_holds_no_statistics_lock_while_waiting_for_another_table(data: str) -> None:
+    """Another session keeps the join's second table locked ACCESS EXCLUSIVE: the capture,
+    which would raise the first table's statistics target and ANALYZE it (SHARE UPDATE
+    EXCLUSIVE to its commit) and then wait for the second one without limit, first takes
+    ACCESS SHARE on both with a bounded wait: it fails within seconds (the query passes
+    through) and leaves no lock on the first table behind, while the other lock is held.
+    Without the other lock the capture works, and the caller's lock_timeout is kept."""
+    sql = ("SELECT la.g, sum(la.v) AS s FROM la JOIN lb ON la.g = lb.g GROUP BY la.g"
+           " HAVING sum(la.v) > 2000000 ORDER BY la.g")
+    with psycopg.connect(data, autocommit=True) as c:
+        c.execute("CREATE TABLE la WITH (autovacuum_enabled = false) AS"
+                  " SELECT i % 100 AS g, i AS v FROM generate_series(1, 20000) i")
+        c.execute("CREATE TABLE lb WITH (autovacuum_enabled = false) AS"
+                  " SELECT i AS g FROM generate_series(0, 99) i")
+    m = SketchManager(SketchSettings(fragments=500, strategy="recapture"))
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(data) as holder, psycopg.connect(data, autocommit=True) as svc, \
+            psycopg.connect(data, autocommit=True) as other:
+        holder.execute("LOCK TABLE lb IN ACCESS EXCLUSIVE MODE")
+
+        def run() -> None:
+            svc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            try:
+                outcome["prepared"] = m.prepare(svc, sql)
+            except psycopg.Error as exc:
+                outcome["error"] = exc
+            finally:
+                svc.execute("ROLLBACK")
+
+        th = threading.Thread(target=run)
+        th.start()
+        th.join(1.0)   # while the capture waits (if it still does): nothing strong on la
+        early = other.execute("SELECT mode FROM pg_locks WHERE relation = 'la'::regclass"
+                              " AND mode <> 'AccessShareLock'").fetchall()
+        th.join(30)    # generous: the bounded wait is STATISTICS_LOCK_WAIT (2 s)
+        if th.is_alive():
+            svc.cancel_safe()
+            th.join(30)
+            pytest.fail(f"the capture waited for lb with these locks on la: {early}")
+        assert early == []
+        assert isinstance(outcome.get("error"), psycopg.errors.LockNotAvailable), outcome
+        with other.transaction():   # still while lb is locked: no strong lock left on la
+            other.execute("LOCK TABLE la IN SHARE UPDATE EXCLUSIVE MODE NOWAIT")
+        holder.rollback()
+    with psycopg.connect(data, autocommit=True) as svc:
+        svc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        svc.execute("SET LOCAL lock_timeout = '7s'")
+        p = m.prepare(svc, sql)
+        assert p.decision == "capture"
+        assert svc.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        svc.execute("ROLLBACK")
