@@ -52,6 +52,18 @@ def service_session(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET idle_in_transaction_session_timeout = 0")
 
 
+def _names_refused(conn: psycopg.Connection[Any], entry: _Entry) -> str | None:
+    """Why the entry's query would now pass through, checked as a query checks it
+    (:func:`sketches.lookup.relations`) in this snapshot and on the query's search_path, else
+    None. Why: the delta reads evaluate the query's expressions as the service role, and a
+    function or operator created since the capture may win the names (found: a role's
+    ``s.round(int)``, created after its query was captured with pg_catalog's ``round``, ran
+    in eager maintenance as the service role and made the role SUPERUSER)."""
+    if entry.analysis is None:
+        return "no analysis of the query"
+    return lookup.relations(conn, entry.analysis).reason
+
+
 class Background(threading.Thread):
     def __init__(self, manager: IncrementalMaintenance, conninfo: dict[str, Any]) -> None:
         super().__init__(name="imp-maintenance", daemon=True)
@@ -157,6 +169,12 @@ class Background(threading.Thread):
                 started = time.perf_counter()
                 try:
                     if not due and pipeline.pending(conn) < m.settings.batch_size:
+                        return
+                    refused = _names_refused(conn, entry)
+                    if refused is not None:
+                        log.info("eager maintenance of sketch %s refused: %s",
+                                 entry.sketch.id, refused)
+                        m.detach(entry)
                         return
                     m._catch_up_and_maintain(conn, entry, pipeline)  # as a query does
                 except ENGINE_BUGS as exc:

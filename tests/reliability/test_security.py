@@ -916,3 +916,38 @@ def test_a_roles_implicit_cast_never_runs_as_the_service_role(
         c.execute("CREATE CAST (s.mood AS int) WITH FUNCTION s.m2i(s.mood) AS IMPLICIT")
     q = "SELECT g, sum(e) FROM s.feel GROUP BY g HAVING sum(e) > 150 ORDER BY g"
     assert _never_escalates(dsn, role, sketch_proxy.port, [], q) == {role}
+
+
+def test_a_function_created_after_the_capture_never_runs_in_eager_maintenance(
+        fresh_db: Any, launch: LaunchProxy) -> None:
+    """The role's query is captured while ``round(v)`` resolves to pg_catalog's; then the role
+    creates ``s.round(int)`` (an exact match, which wins) in a schema on its path. Queries
+    check the names again in every snapshot, but eager maintenance in the background read
+    the deltas with the query's expressions on the role's path, as the service role: it ran
+    the role's function (found in session 20's review). It now checks the names first."""
+    dsn, role = _escalation_db(fresh_db, "eager")
+    p = launch("--library-setting", "strategy=eager", "--library-setting", "batch_size=1",
+               "--library-setting", "batch_interval=0.1", "--library-setting",
+               "state_interval=0.5", upstream=dsn)
+    q = ESC_Q.format(w="round(v) > 3")
+    proxied = via_proxy(dsn, p.port, user=role)
+    with psycopg.connect(proxied, autocommit=True) as c, \
+            psycopg.connect(dsn, autocommit=True) as admin:
+        c.execute("SET search_path = public, s")
+        for _ in range(3):   # a capture with incremental state, then uses
+            c.execute(q).fetchall()
+            time.sleep(0.3)
+        sketch = [r for r in c.execute("IMP SHOW SKETCHES").fetchall() if "t" in str(r[2])]
+        assert sketch and sketch[0][7] == "eager", sketch
+        c.execute(f"CREATE FUNCTION s.round(x int) {_escalating(role, 'numeric', 'x')}")
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                      " WHERE application_name = 'imp-maintenance'")   # its statements anew
+        for i in range(10):   # deltas for the background to maintain
+            admin.execute("INSERT INTO t VALUES (%s, 5)", (i,))
+            time.sleep(0.2)
+        time.sleep(2)
+        superuser = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s",
+                                  (role,)).fetchone()
+        ran = {r[0] for r in admin.execute("SELECT who FROM ran").fetchall()}
+    assert superuser == (False,), f"{role} became SUPERUSER through eager maintenance"
+    assert ran == set(), f"the role's code ran as {ran}"
