@@ -716,6 +716,8 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
             return admin.AdminResult(cmd.columns, rows, f"SELECT {len(rows)}")
         if cmd.kind == "show_stats":
             items: list[tuple[str, object]] = [("session.enabled", s.enabled),
+                                               ("session.statement_records",
+                                                len(s.statements)),
                                                ("library", router.hook is not None)]
             items += [(f"proxy.{k}", v) for k, v in sorted(router.counters.items())]
             items += sorted((await router.stats(s.dbname)).items())

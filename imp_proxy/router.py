@@ -157,7 +157,9 @@ class PerDatabase:
         self._factory = factory
         self._classifier: SketchHook = factory()
         self._hooks: dict[str, SketchHook] = {}
-        self._settings: list[tuple[str, str]] = []
+        # IMP SET's library settings, replayed on each new database's hook: the latest value
+        # per name, in the order of first appearance (a list grew by one per IMP SET)
+        self._settings: dict[str, str] = {}
         self._lock = threading.Lock()
         if not callable(getattr(self._classifier, "configure", None)):
             self.configure = None  # type: ignore[assignment]  # Router checks for it
@@ -167,7 +169,7 @@ class PerDatabase:
             hook = self._hooks.get(dbname)
             if hook is None:
                 hook = self._factory()
-                for name, value in self._settings:
+                for name, value in self._settings.items():
                     hook.configure(name, value)
                 self._hooks[dbname] = hook
             return hook
@@ -203,11 +205,16 @@ class PerDatabase:
         with self._lock:
             return [self._classifier, *self._hooks.values()]
 
+    def settings(self) -> list[tuple[str, str]]:
+        """The library settings a new database's hook is given (:meth:`configure`)."""
+        with self._lock:
+            return list(self._settings.items())
+
     def configure(self, name: str, value: str) -> None:
         """Applies a library setting to every database's hook, now and later."""
         self._classifier.configure(name, value)  # type: ignore[attr-defined]  # validates
         with self._lock:
-            self._settings.append((name, value))
+            self._settings[name] = value
             hooks = list(self._hooks.values())
         for h in hooks:
             h.configure(name, value)  # type: ignore[attr-defined]

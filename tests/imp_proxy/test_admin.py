@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -197,3 +198,19 @@ def test_shared_state_needs_a_superuser(db_dsn: str, start_proxy: StartProxy,
             c.execute("IMP SET strategy = lazy", prepare=prepare)
         c.execute("RESET ROLE")
         assert kv(c, "IMP SHOW STATS")["hook.strategy"] == "eager"
+
+
+def test_repeated_library_settings_reach_a_database_used_afterwards(
+        db_dsn: str, start_proxy: StartProxy, fresh_db: Callable[[], str]) -> None:
+    """Each database has its own library hook, given the IMP SET library settings when first
+    used: the latest value of each (they were replayed, one per IMP SET ever run)."""
+    own = start_proxy(hook="sketches.manager:SketchManager")
+    with psycopg.connect(via_proxy(db_dsn, own.port), autocommit=True) as c:
+        for i in range(200):
+            c.execute(f"IMP SET strategy = {('lazy', 'eager')[i % 2]}")
+            c.execute(f"IMP SET batch_size = {1000 + i}")
+        c.execute("IMP SET strategy = lazy")
+        assert kv(c, "IMP SHOW STATS")["strategy"] == "lazy"
+        c.execute("IMP SET strategy = eager")
+    with psycopg.connect(via_proxy(fresh_db(), own.port), autocommit=True) as c:
+        assert kv(c, "IMP SHOW STATS")["strategy"] == "eager"

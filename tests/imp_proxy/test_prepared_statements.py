@@ -14,6 +14,7 @@ import pytest
 import pg_extensions
 from imp_proxy.protocol import codec
 from imp_proxy.protocol.messages import Bind
+from imp_proxy.session import MAX_STATEMENT_CHARS, MAX_STATEMENT_RECORDS
 
 from .rawclient import RawClient
 from .test_sketch_manager import (  # noqa: F401  (fixtures)
@@ -212,6 +213,37 @@ def test_deallocated_statement_is_not_run(env: tuple[str, str], drop: str) -> No
     assert_same_stream(env, [(parse("s2", Q) + SYNC, 1),
                              (query(drop), 1),
                              (bind("s2") + execute() + SYNC, 1)])
+
+
+@pytest.mark.parametrize("pad", [0, 60000], ids=["many", "long"])
+def test_statements_dropped_by_sql_leave_a_bounded_record(env: tuple[str, str],
+                                                          pad: int) -> None:
+    """Statements Parsed, then dropped by SQL DEALLOCATE, which the proxy does not follow:
+    the session's record of them stays bounded, least recently used first (found: it kept
+    every one for the session's life, +14 MiB after 4,000 statements of 4 KB). A statement
+    Bound now and then stays recorded and wrapped; one whose record was dropped passes
+    through; every reply is PostgreSQL's."""
+    n = (MAX_STATEMENT_RECORDS if pad == 0 else MAX_STATEMENT_CHARS // pad) + 40
+    run = bind("hot") + execute() + SYNC
+    steps: list[Step] = [(parse("first", Q) + parse("hot", Q) + SYNC, 1)]
+    for i in range(n):
+        steps.append((parse(f"d{i}", f"{Q} /* {i} {'x' * pad} */") + SYNC
+                      + query(f"DEALLOCATE d{i}"), 2))
+        if i % 10 == 9:
+            steps.append((run, 1))
+    steps += [(parse("keep", Q) + SYNC, 1), (bind("keep") + execute() + SYNC, 1),
+              (bind("first") + execute() + SYNC, 1), (run, 1)]
+    proxy_dsn, direct_dsn = env
+    with psycopg.connect(proxy_dsn, autocommit=True) as c:
+        before = int(stats(c)["proxy.wrapped"])
+        proxied = _run(proxy_dsn, [*steps, (query("IMP SHOW STATS"), 1)])
+        wrapped = int(stats(c)["proxy.wrapped"]) - before
+    assert _shown(proxied[:-1]) == _shown(_run(direct_dsn, steps))
+    records = int(_value(proxied[-1], "session.statement_records") or b"-1")
+    assert 3 <= records <= MAX_STATEMENT_RECORDS
+    if pad:   # the padded texts' characters are bounded too ("hot" and "keep" are short)
+        assert records <= MAX_STATEMENT_CHARS // pad + 2
+    assert wrapped == n // 10 + 2   # "hot" each time and "keep"; not "first"
 
 
 def test_parse_skipped_after_an_error_in_the_pipeline(env: tuple[str, str]) -> None:

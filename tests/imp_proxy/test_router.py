@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 import threading
 import time
+from typing import cast
 
 import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imp_proxy.router import PrepareCancelled, ServiceCancel, prefilter
+from imp_proxy.router import PerDatabase, PrepareCancelled, ServiceCancel, prefilter
 
 _WORDS = ["SELECT", "select", "SeLeCt", "with", "(", "group", "GROUP", "By", "ORDER", "oRdEr",
           "having", "LIMIT", "fetch", "Distinct", "orders", "grouped", "x_limit", "limit_",
@@ -83,3 +84,36 @@ def test_a_service_cancel_interrupts_the_prepare_it_is_attached_to(db_dsn: str) 
         assert [type(e) for e in errors] == [psycopg.errors.QueryCanceled]
         late.cancel()   # detached: nothing is sent
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+class _SettingsHook:
+    """A database's hook for :class:`PerDatabase`: records its ``configure`` calls."""
+
+    def __init__(self) -> None:
+        self.configured: list[tuple[str, str]] = []
+
+    def configure(self, name: str, value: str) -> None:
+        if name not in ("strategy", "batch_size"):
+            raise KeyError(name)
+        self.configured.append((name, value))
+
+
+def test_repeated_imp_set_keeps_one_replay_entry_per_setting() -> None:
+    """Each new database's hook is given the IMP SET library settings: the latest value per
+    name (found: every IMP SET was appended to the replay list for ever, 40,000 entries after
+    40,000 IMP SETs, each replayed on the next database's hook)."""
+    per = PerDatabase(_SettingsHook)
+    early = cast(_SettingsHook, per.for_database("early"))
+    per.configure("strategy", "eager")
+    per.configure("batch_size", "7")
+    for i in range(1000):
+        per.configure("strategy", ("lazy", "eager")[i % 2])
+    per.configure("batch_size", "9")
+    with pytest.raises(KeyError):
+        per.configure("nope", "1")
+    late = cast(_SettingsHook, per.for_database("late"))   # first used after the IMP SETs
+    assert late.configured == [("strategy", "eager"), ("batch_size", "9")]
+    assert per.settings() == late.configured
+    # a hook made before them was given each, in order
+    assert len(early.configured) == 1003
+    assert early.configured[-2:] == [("strategy", "eager"), ("batch_size", "9")]
