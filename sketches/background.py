@@ -9,8 +9,11 @@ Every round (``TICK`` seconds):
    maintenance or at least ``batch_size`` delta rows are pending (the two trigger policies of
    intermittent query processing) — in a REPEATABLE READ transaction of its own, under the
    sketch's template lock, exactly as a query would (so versions only move forward);
-3. every ``state_interval`` seconds: persists every state changed since it was last saved over
-   audit rows (a version moved without a delta is not worth a commit:
+3. every ``state_interval`` seconds: evicts the sketches no query used for
+   ``idle_evict_after`` seconds (``SketchManager.evict_idle``) and invalidates the catalog rows
+   of every sketch evicted since the last time, deleting their persisted states
+   (``SketchManager.unpersist_evicted``), then persists every state changed since it was last
+   saved over audit rows (a version moved without a delta is not worth a commit:
    ``IncrementalMaintenance.worth_saving``), then deletes the audit rows every live state
    covers (``sketches.incremental.collect_garbage``).
 
@@ -197,6 +200,13 @@ class Background(threading.Thread):
         self._last_state = time.monotonic()
         m = self.manager
         conn = self._connection()
+        # first: an evicted sketch's state no longer holds back this round's collection
+        evict = getattr(m, "evict_idle", None)
+        if evict is not None:
+            evict()
+        unpersist = getattr(m, "unpersist_evicted", None)
+        if unpersist is not None:
+            unpersist(conn)
         if not incremental.installed(conn):
             return
         # the horizon first: a state built in a snapshot whose transaction ends before it is

@@ -228,6 +228,20 @@ def invalidate(conn: psycopg.Connection[Any], sketch_id: int) -> None:
     conn.execute("UPDATE imp.sketches SET valid = false WHERE id = %s", (sketch_id,))
 
 
+def invalidate_many(conn: psycopg.Connection[Any], sketch_ids: Sequence[int]) -> set[int]:
+    """Invalidates the sketches ``sketch_ids`` (evicted: the garbage collection deletes their
+    rows and persisted states next); returns the ids whose rows this snapshot sees."""
+    rows = conn.execute("UPDATE imp.sketches SET valid = false WHERE id = ANY(%s) RETURNING id",
+                        (list(sketch_ids),)).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def is_installed(conn: psycopg.Connection[Any]) -> bool:
+    """Is the sketch catalog (``imp.sketches``) there?"""
+    row = conn.execute("SELECT to_regclass('imp.sketches') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
 def delete_sketch(conn: psycopg.Connection[Any], sketch_id: int) -> bool:
     cur = conn.execute("DELETE FROM imp.sketches WHERE id = %s", (sketch_id,))
     return cur.rowcount > 0

@@ -55,8 +55,13 @@ class Entry:
     maintenances: int = 0
     uses: int = 0
     last_used: float | None = None
+    """When a query last used it in this process (``time.time()``; None: never)."""
+    since: float = field(default_factory=time.time)
+    """When this process captured or loaded it: its last use for eviction until it is used
+    (``SketchManager.evict_idle``)."""
     instrumented: dict[str, str | None] = field(default_factory=dict)
-    """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change)."""
+    """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change);
+    at most ``INSTRUMENTED_KEPT`` texts (:meth:`remember_instrumented`)."""
     analysis: QueryAnalysis | None = None
     session: incremental.SessionSettings | None = None
     strategy: str | None = None
@@ -72,6 +77,24 @@ class Entry:
     """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
     relations: tuple[int, ...] = ()
     """The oids of the query's tables the sketch was captured on (``lookup.Relations``)."""
+
+    def idle_since(self) -> float:
+        """Its last use in this process, else when it was captured or loaded."""
+        return self.since if self.last_used is None else max(self.last_used, self.since)
+
+    def remember_instrumented(self, sql: str, text: str | None) -> None:
+        """Keeps ``text`` as the instrumented ``sql``, dropping the oldest text kept when
+        ``INSTRUMENTED_KEPT`` are (the caller holds the template lock). Why bounded: one
+        sketch serves every text of its query — comments, ORM tags — and each text kept its
+        instrumented copy for as long as the sketch stayed unchanged (found: ~2.5 KiB per
+        distinct comment, without limit); a text dropped is instrumented again."""
+        while len(self.instrumented) >= INSTRUMENTED_KEPT:
+            del self.instrumented[next(iter(self.instrumented))]
+        self.instrumented[sql] = text
+
+
+INSTRUMENTED_KEPT = 256
+"""Instrumented texts kept per sketch (``Entry.remember_instrumented``)."""
 
 
 @dataclass

@@ -100,7 +100,11 @@ class SketchSettings:
     looser sketch), while the template has fewer than ``max_sketches_per_template`` sketches
     and the looser sketch selects more than ``own_sketch_min_coverage`` of a table's
     fragments (below, the rows a tighter sketch would skip on top cost less than maintaining
-    one more sketch);
+    one more sketch); a capture beyond ``max_sketches_per_template`` first evicts the
+    template's least recently used sketch (:meth:`SketchManager._make_room`);
+    ``idle_evict_after`` (s): the background thread evicts a sketch no query used for that
+    long (0: never), so a sketch nobody queries holds back no audit-row garbage collection
+    (:meth:`SketchManager.evict_idle`);
     ``share_state``: a new sketch of a template whose query differs from an incrementally
     maintained sketch's only in HAVING, or only in the k of a top-k over groups, shares that
     sketch's aggregate state (one maintenance per delta for both, no state build)."""
@@ -120,6 +124,7 @@ class SketchSettings:
     batch_interval: float = 5.0
     state_interval: float = 10.0
     share_state: bool = True
+    idle_evict_after: float = 600.0
 
     def __post_init__(self) -> None:
         incremental.check_strategy(self.strategy)
@@ -129,6 +134,8 @@ class SketchSettings:
                 or not 0 <= self.own_sketch_min_coverage <= 1:
             raise ValueError("own_sketch_after must be >= 0, max_sketches_per_template >= 1, "
                              "own_sketch_min_coverage in [0, 1]")
+        if not self.idle_evict_after >= 0:   # also NaN
+            raise ValueError("idle_evict_after must be >= 0 (0: never)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +203,9 @@ class SketchManager(IncrementalMaintenance):
         self._txn = threading.local()
         self._stats: Counter[str] = Counter()
         self._answers = Answers(self.settings.classify_cache_size)
+        self._evicted: dict[int, float] = {}
+        """Ids of sketches evicted from memory whose catalog rows the background thread has
+        yet to invalidate (:meth:`unpersist_evicted`), with when they were queued."""
 
     # ---- classification --------------------------------------------------------------
 
@@ -349,6 +359,7 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             self._installed = False
             self._partitions.clear()
+            self._evicted.clear()   # a new catalog's ids start again: never invalidate those
         self._count("catalog_lost")
         self._drop_in_memory(loaded=False)
 
@@ -516,6 +527,7 @@ class SketchManager(IncrementalMaintenance):
         entry = self._capture(conn, sql, params, template, tmpl, analysis, safety,
                               relations.oids, relations.names)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
+        self._make_room(tmpl)
         tmpl.entries.insert(0, entry)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
@@ -570,6 +582,99 @@ class SketchManager(IncrementalMaintenance):
                   if e.relations == relations and self._reusable(e, inst)]
         return sorted(usable, key=lambda e: (not _same_values(e.instance, inst),
                                              sum(p.coverage for p in e.sketch.parts)))
+
+    def _make_room(self, tmpl: _Template) -> None:
+        """Before a capture joins ``tmpl`` (whose lock the caller holds, so no other thread
+        is using one of its sketches): evicts its least recently used sketches until one
+        more fits within ``max_sketches_per_template``. Why: every new WHERE constant of a
+        template, or a looser HAVING threshold than every sketch's, is an instance no sketch
+        may serve, and each capture was kept for ever — in memory, as a state maintained at
+        every write, and in the catalog (found: 301 sketches for 300 queries of one
+        template; the cap was checked only before a capture "of its own")."""
+        while len(tmpl.entries) >= self.settings.max_sketches_per_template:
+            victim = min(tmpl.entries, key=lambda e: e.idle_since())
+            self._evict(tmpl, victim)
+            self._count("evicted")
+            self._ensure_background()   # it invalidates the victim's catalog row
+
+    def _evict(self, tmpl: _Template, entry: _Entry) -> bool:
+        """Forgets ``entry`` as a drop does (the caller holds the template lock): out of the
+        template, its pipeline detached (a shared one stops maintaining its head), its
+        catalog row and persisted state queued for the background thread to invalidate and
+        delete (:meth:`unpersist_evicted`). Why not in the caller's transaction: a prepare's
+        runs in the client's snapshot, which cannot see — so cannot invalidate — a sketch
+        another thread captured since, and whose rollback would undo the invalidation while
+        the sketch stays forgotten: either way a valid row nobody holds in memory, whose
+        persisted state held back the audit-row garbage collection for ever."""
+        with self._lock:  # drop() and the admin listings read the entries under it
+            if entry not in tmpl.entries:
+                return False
+            tmpl.entries.remove(entry)
+            sid = entry.sketch.id
+            if self.settings.persist and sid is not None and sid > 0:
+                self._evicted.setdefault(sid, time.monotonic())
+        self.detach(entry)
+        return True
+
+    def evict_idle(self) -> int:
+        """Evicts every sketch no query used for ``idle_evict_after`` seconds (a sketch
+        loaded from the catalog and not used since: since it was loaded), for the background
+        thread; a template busy elsewhere is skipped (it is looked at again next round).
+        Returns how many were evicted. Why: a lazy sketch nobody queries is never maintained,
+        so its version never moves, and the garbage collection (the meet of every version
+        held) kept every audit row of its tables written since, without limit. A later query
+        of it captures anew."""
+        after = self.settings.idle_evict_after
+        if after <= 0:
+            return 0
+        cutoff = time.time() - after
+        evicted = 0
+        for tmpl, entry in self.entries():
+            if entry.idle_since() > cutoff or not tmpl.lock.acquire(blocking=False):
+                continue
+            try:   # checked again under the lock: a query may have used it meanwhile
+                if entry.idle_since() <= cutoff and self._evict(tmpl, entry):
+                    evicted += 1
+            finally:
+                tmpl.lock.release()
+        if evicted:
+            self._count("evicted_idle", evicted)
+            log.info("%d sketch(es) unused for %s s evicted", evicted, after)
+        return evicted
+
+    def unpersist_evicted(self, conn: psycopg.Connection[Any]) -> int:
+        """Invalidates the catalog rows of the evicted sketches and deletes their persisted
+        states, in a transaction of its own on ``conn`` (the background thread's, autocommit),
+        which sees every committed capture. A row not found yet (its capture has not
+        committed) is tried again in later rounds for ``EVICTED_RETRY`` seconds. Returns how
+        many rows were invalidated."""
+        with self._lock:
+            queued, self._evicted = self._evicted, {}
+        if not queued:
+            return 0
+        found: set[int] = set()
+        try:
+            if catalog.is_installed(conn):
+                with conn.transaction():
+                    found = catalog.invalidate_many(conn, sorted(queued))
+                    if found and incremental.installed(conn):
+                        for sid in sorted(found):
+                            ivm_state.delete(conn, str(sid))
+                    if found:
+                        self._remember_own_xid(conn)
+            else:   # no catalog (dropped): nothing of theirs is left to invalidate
+                queued = {}
+        except BaseException:
+            with self._lock:   # this round failed: the next one tries again
+                for sid, at in queued.items():
+                    self._evicted.setdefault(sid, at)
+            raise
+        now = time.monotonic()
+        with self._lock:
+            for sid, at in queued.items():
+                if sid not in found and now - at < EVICTED_RETRY:
+                    self._evicted.setdefault(sid, at)
+        return len(found)
 
     def _wants_own(self, tmpl: _Template, looser: _Entry, runs: int) -> bool:
         """Capture a sketch for values run ``runs`` times rather than reuse ``looser``?"""
@@ -629,9 +734,11 @@ class SketchManager(IncrementalMaintenance):
         if worst > self.settings.max_coverage:
             return Prepared(decision, f"sketch covers {worst:.0%} of the fragments",
                             sketch.id, None)
-        if sql not in entry.instrumented:
-            entry.instrumented[sql] = instrument(sql, sketch.parts)
-        text = entry.instrumented[sql]
+        if sql in entry.instrumented:
+            text = entry.instrumented[sql]
+        else:
+            text = instrument(sql, sketch.parts)
+            entry.remember_instrumented(sql, text)
         summary = ", ".join(f"{p.table.alias}.{p.column} {len(p.fragments)}/"
                             f"{p.partition.fragment_count}" for p in sketch.parts)
         return Prepared(decision, f"sketch {summary}", sketch.id, text)
@@ -839,7 +946,11 @@ class SketchManager(IncrementalMaintenance):
         """The catalog's sketches of ``template`` that were captured on ``relations``; the
         others are left to be captured again."""
         loaded: list[_Entry] = []
+        with self._lock:
+            evicted = set(self._evicted)
         for stored in catalog.load_sketches(conn, template):
+            if stored.id in evicted:   # evicted, not yet invalidated
+                continue
             try:
                 stored_analysis = analyse(stored.query, lookup.resolver(conn))
             except UnsupportedQuery:
@@ -865,7 +976,18 @@ class SketchManager(IncrementalMaintenance):
                            session=incremental.SessionSettings.read(conn))
             entry.relations = relations.oids
             loaded.append(entry)
-        tmpl.entries.extend(loaded)
+        # newest first: a catalog holding more than the template may keep (written before
+        # the cap was enforced, by another proxy, or under a larger setting) loads the newest;
+        # the others are invalidated by the background thread
+        room = max(self.settings.max_sketches_per_template - len(tmpl.entries), 0)
+        surplus = [e.sketch.id for e in loaded[room:] if e.sketch.id is not None]
+        if surplus:
+            with self._lock:
+                for sid in surplus:
+                    self._evicted.setdefault(sid, time.monotonic())
+            self._count("evicted", len(surplus))
+            self._ensure_background()
+        tmpl.entries.extend(loaded[:room])
         tmpl.loaded = True
 
     def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
@@ -1012,6 +1134,9 @@ class SketchManager(IncrementalMaintenance):
 
 STOP_POLL = 0.05
 """Seconds between looks at a prepare's ``stop`` while it waits for its template's lock."""
+EVICTED_RETRY = 120.0
+"""Seconds an evicted sketch whose catalog row is not visible yet (its capture's transaction
+has not committed) is looked for again (``SketchManager.unpersist_evicted``)."""
 
 
 def _may_not_read(conn: psycopg.Connection[Any], role: str | None,

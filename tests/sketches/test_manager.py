@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from sketches import catalog
 from sketches.errors import CaptureError
+from sketches.maintained import INSTRUMENTED_KEPT
 from sketches.manager import (
     MaintenanceRequest,
     Prepared,
@@ -377,3 +379,139 @@ def test_a_capture_holds_no_statistics_lock_while_waiting_for_another_table(data
         assert p.decision == "capture"
         assert svc.execute("SHOW lock_timeout").fetchone() == ("7s",)
         svc.execute("ROLLBACK")
+
+
+# ---- bounded resources: sketches per template, instrumented texts ----------------------
+
+
+def _sized_table(conn: psycopg.Connection[Any], name: str) -> None:
+    """Group g (0..199) has 50 + g rows, v numbering them: HAVING count(*) > t keeps the
+    groups above t - 50, a few fragments of g."""
+    conn.execute(f"DROP TABLE IF EXISTS {name}")
+    conn.execute(f"CREATE TABLE {name} (id serial PRIMARY KEY, g int NOT NULL, v int NOT NULL)"
+                 " WITH (autovacuum_enabled = false)")
+    conn.execute(f"INSERT INTO {name} (g, v) SELECT g, i FROM generate_series(0, 199) g,"
+                 " generate_series(1, 50 + g) i")
+    conn.execute(f"ANALYZE {name}")
+
+
+def _valid_rows(conn: psycopg.Connection[Any], table: str) -> set[int]:
+    """Ids of the catalog's valid sketches of queries of ``table``."""
+    return {int(r[0]) for r in conn.execute(
+        "SELECT id FROM imp.sketches WHERE valid AND tables = ARRAY[%s]::text[]",
+        (f"public.{table}",)).fetchall()}
+
+
+def _wait(cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def _held_ids(m: SketchManager) -> set[int]:
+    return {int(str(r["sketch_id"])) for r in m.sketches()}
+
+
+@pytest.mark.parametrize("strategy", ["recapture", "lazy"])
+@pytest.mark.parametrize("shape", ["where-constants", "descending-having"])
+def test_a_template_keeps_at_most_max_sketches(data: str, strategy: str, shape: str) -> None:
+    """Found: every new WHERE constant of one template (an instance no other sketch may
+    serve), and every HAVING threshold looser than all before, added a sketch — in memory,
+    maintained at every write, in the catalog — for ever (the cap was checked only before a
+    capture "of its own"). Now a capture beyond the cap evicts the template's least recently
+    used sketch; its catalog row is invalidated, and every answer stays exact."""
+    table = f"cap_{strategy}_{shape.split('-')[0]}"
+    cap = 4
+    m = SketchManager(SketchSettings(fragments=100, strategy=strategy, state_interval=0.2,
+                                     max_sketches_per_template=cap))
+    try:
+        with psycopg.connect(data, autocommit=True) as svc:
+            _sized_table(svc, table)
+            if shape == "where-constants":
+                text = f"SELECT g, count(*) AS c FROM {table} WHERE v <> {{}} GROUP BY g" \
+                       " HAVING count(*) > 235"
+                queries = [(text.format(k), None) for k in range(30)]
+            else:
+                text = f"SELECT g, count(*) AS c FROM {table} GROUP BY g HAVING count(*) > $1"
+                queries = [(text, [t]) for t in range(240, 210, -1)]
+            captured = set()
+            for sql, params in queries:
+                p = prepare(m, svc, sql, params)
+                assert p.decision == "capture" and p.instrumented_sql is not None
+                captured.add(p.sketch_id)
+                assert rows(svc, p.instrumented_sql, params) == rows(svc, sql, params)
+                assert m.stats()["sketches"] <= cap
+            assert len(captured) == len(queries)
+            assert m.stats()["evicted"] == len(queries) - cap
+            held = _held_ids(m)
+            assert len(held) == cap
+            # the background invalidates the evicted sketches' rows: the valid ones are those held
+            _wait(lambda: _valid_rows(svc, table) == held)
+            # the evicted and the kept still answer exactly, also after a write
+            svc.execute(f"INSERT INTO {table} (g, v) SELECT 5, i FROM generate_series(1, 300) i")
+            for sql, params in (queries[0], queries[-1], queries[len(queries) // 2]):
+                p = prepare(m, svc, sql, params)
+                assert p.instrumented_sql is not None
+                assert rows(svc, p.instrumented_sql, params) == rows(svc, sql, params)
+                assert m.stats()["sketches"] <= cap
+            _wait(lambda: _valid_rows(svc, table) == _held_ids(m))
+    finally:
+        m.close()
+
+
+def test_a_catalog_with_more_sketches_than_the_cap_loads_the_newest(data: str) -> None:
+    """A catalog written under a larger cap (or before it was enforced): a new manager loads
+    the newest ``max_sketches_per_template`` and invalidates the others."""
+    table = "cap_load"
+    text = f"SELECT g, count(*) AS c FROM {table} WHERE v <> {{}} GROUP BY g" \
+           " HAVING count(*) > 235"
+    first = SketchManager(SketchSettings(fragments=100, strategy="recapture",
+                                         max_sketches_per_template=20))
+    second = SketchManager(SketchSettings(fragments=100, strategy="recapture",
+                                          max_sketches_per_template=3, state_interval=0.2))
+    try:
+        with psycopg.connect(data, autocommit=True) as svc:
+            _sized_table(svc, table)
+            ids = [prepare(first, svc, text.format(k)).sketch_id for k in range(10)]
+            assert _valid_rows(svc, table) == set(ids)
+            p = prepare(second, svc, text.format(9))   # loads the newest three: 9 is one
+            assert p.decision == "use" and p.sketch_id == ids[-1]
+            assert p.instrumented_sql is not None
+            assert rows(svc, p.instrumented_sql, None) == rows(svc, text.format(9), None)
+            assert _held_ids(second) == {i for i in ids[-3:] if i is not None}
+            _wait(lambda: _valid_rows(svc, table) == _held_ids(second))
+    finally:
+        first.close()
+        second.close()
+
+
+def test_idle_evict_after_is_validated() -> None:
+    with pytest.raises(ValueError, match="idle_evict_after"):
+        SketchSettings(idle_evict_after=-1)
+    with pytest.raises(ValueError, match="idle_evict_after"):
+        SketchSettings(idle_evict_after=float("nan"))
+    SketchSettings(idle_evict_after=0)
+
+
+def test_instrumented_texts_kept_per_sketch_are_bounded(data: str) -> None:
+    """Found: one sketch fed texts differing only in a comment (ORM tags) kept every text's
+    instrumented copy while the sketch stayed unchanged (~2.5 KiB each, without limit)."""
+    m = SketchManager(SketchSettings(fragments=100, strategy="recapture", persist=False))
+    text = "SELECT g, count(*) AS c FROM mt GROUP BY g HAVING count(*) > 400 /* {} */"
+    with psycopg.connect(data, autocommit=True) as svc:
+        n = INSTRUMENTED_KEPT + 40
+        for i in range(n):
+            sql = text.format(i)
+            p = prepare(m, svc, sql)
+            assert p.decision == ("capture" if i == 0 else "use")
+            assert p.instrumented_sql is not None
+            if i in (0, n - 1):
+                assert rows(svc, p.instrumented_sql, None) == rows(svc, sql, None)
+        (entry,) = [e for t in m._templates.values() for e in t.entries]
+        assert len(entry.instrumented) == INSTRUMENTED_KEPT
+        assert text.format(n - 1) in entry.instrumented   # the newest kept, the oldest gone
+        assert text.format(0) not in entry.instrumented
+        again = prepare(m, svc, text.format(0))   # a dropped text is instrumented again
+        assert again.decision == "use" and again.instrumented_sql is not None
+        assert rows(svc, again.instrumented_sql, None) == rows(svc, text.format(0), None)

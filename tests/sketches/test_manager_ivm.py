@@ -1464,3 +1464,58 @@ def test_a_partition_committed_after_a_captures_snapshot_costs_no_sketch(db: str
             check(m, b, "SELECT g, count(*) FROM late_part GROUP BY g HAVING count(*) > 29", None)
         finally:
             m.close()
+
+
+def _audit_rows(conn: Conn, table: str) -> int:
+    row = conn.execute("SELECT audit_table::text FROM imp.tracked_tables"
+                       " WHERE relid = %s::regclass", (table,)).fetchone()
+    assert row is not None
+    counted = conn.execute(pgsql.SQL("SELECT count(*) FROM {}").format(
+        pgsql.SQL(row[0]))).fetchone()
+    assert counted is not None
+    return int(counted[0])
+
+
+def test_an_idle_sketch_is_evicted_and_no_longer_holds_audit_rows(db: str) -> None:
+    """Found: a lazy sketch nobody queries again is never maintained, so its version never
+    moves, and the garbage collection (the meet of every version held, in memory and
+    persisted) kept every audit row of its table written since, without limit. Now the
+    background evicts a sketch unused for ``idle_evict_after`` seconds (its persisted state
+    and catalog row with it): its table's audit rows are collected, while a sketch that keeps
+    being queried stays, maintained and exact."""
+    with psycopg.connect(db, autocommit=True) as c:
+        _grouped_table(c, "ev_idle")
+        _grouped_table(c, "ev_busy")
+        m = SketchManager(SketchSettings(fragments=10, strategy="lazy", state_interval=0.2,
+                                         idle_evict_after=2.0))
+        try:
+            idle = check(m, c, _hav("ev_idle"), None, exact=True)
+            busy = check(m, c, _hav("ev_busy"), None, exact=True)
+            assert idle.decision == busy.decision == "capture"
+            assert m.stats()["incremental_sketches"] == 2
+            wait_for(lambda: _stored(c, idle.sketch_id) is not None)  # its state persisted
+            n = 0
+            deadline = time.monotonic() + 30
+
+            def evicted() -> bool:
+                return all(r["sketch_id"] != idle.sketch_id for r in m.sketches()) \
+                    and _stored(c, idle.sketch_id) is None \
+                    and c.execute("SELECT count(*) FROM imp.sketches WHERE id = %s AND valid",
+                                  (idle.sketch_id,)).fetchone() == (0,)
+
+            while not (evicted() and _audit_rows(c, "ev_idle") == 0 and n >= 20):
+                assert time.monotonic() < deadline, (n, m.stats(), _audit_rows(c, "ev_idle"))
+                n += 1
+                c.execute("UPDATE ev_idle SET v = v + 1 WHERE id = %s", (n % 300 + 1,))
+                c.execute("UPDATE ev_busy SET v = v + 1 WHERE id = %s", (n % 300 + 1,))
+                p = check(m, c, _hav("ev_busy"), None, exact=True)
+                assert (p.decision, p.sketch_id) == ("use", busy.sketch_id)
+                time.sleep(0.1)
+            assert m.stats()["evicted_idle"] == 1
+            row = entry_of(m, busy.sketch_id)
+            assert row["captures"] == 1 and int(str(row["maintenances"])) >= n
+            # a later query of the evicted one captures anew, exactly
+            again = check(m, c, _hav("ev_idle"), None, exact=True)
+            assert again.decision == "capture" and again.sketch_id != idle.sketch_id
+        finally:
+            m.close()
