@@ -212,6 +212,9 @@ class Background(threading.Thread):
         # the horizon first: a state built in a snapshot whose transaction ends before it is
         # read is already held by an entry (collected next) or persisted (seen by the GC)
         low = incremental.horizon(conn)
+        prune = getattr(m, "prune_own_xids", None)
+        if prune is not None:   # autocommit: no serialisation failure with another proxy's
+            prune(conn, low)
         live: dict[int, list[str]] = {}
         for tmpl, entry in m.entries():
             with tmpl.lock:

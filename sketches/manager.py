@@ -934,6 +934,31 @@ class SketchManager(IncrementalMaintenance):
                 self._own_xids |= loaded
             self._installed = True
 
+    def prune_own_xids(self, conn: psycopg.Connection[Any], low: int) -> int:
+        """Forgets the recorded own transactions older than ``low`` (``incremental.horizon``:
+        every snapshot open now or taken later sees them) and than every held sketch's
+        version, in memory and in ``imp.own_xacts`` (there also older than every valid
+        sketch's version as a restart would load it: :data:`_PRUNE_OWN_XACTS`), for the
+        background thread; returns how many it forgot in memory.
+
+        Why: both only grew while the proxy ran (about one per saved state and capture: 11 a
+        second under writes), and the whole set is copied on every prepare and sent with every
+        freshness check. Why it is safe: the freshness check asks about the transactions
+        between a sketch's version and the query's snapshot, and one older than both is seen
+        by both; a sketch loaded later with an older version at worst counts a forgotten own
+        transaction as a change (one maintenance or capture more), never the reverse."""
+        with self._lock:
+            versions = [e.sketch.version for t in self._templates.values()
+                        for e in t.entries if e.sketch.version]
+        bound = min([low, *(deltas.Snapshot.parse(v).xmin for v in versions)])
+        with self._lock:
+            before = len(self._own_xids)
+            self._own_xids = {x for x in self._own_xids if x >= bound}
+            forgotten = before - len(self._own_xids)
+        if self.settings.persist and catalog.is_installed(conn) and incremental.installed(conn):
+            conn.execute(_PRUNE_OWN_XACTS, (str(bound),))
+        return forgotten
+
     def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
         xid = freshness.current_xid(conn)
         if self.settings.persist:
@@ -1131,6 +1156,14 @@ class SketchManager(IncrementalMaintenance):
                 conn.execute("DELETE FROM imp.ivm_state")
         return count
 
+
+_PRUNE_OWN_XACTS = (
+    "DELETE FROM imp.own_xacts WHERE xid < least(%s::text::xid8,"
+    " (SELECT min(pg_snapshot_xmin(coalesce(st.version, s.version))) FROM imp.sketches AS s"
+    "  LEFT JOIN imp.ivm_state AS st ON st.sketch_key = s.id::text WHERE s.valid))")
+"""The rows of ``imp.own_xacts`` a restarted manager cannot need: older than the bound given
+and than every valid sketch's version as it would be loaded (its persisted state's, else
+the catalog's)."""
 
 STOP_POLL = 0.05
 """Seconds between looks at a prepare's ``stop`` while it waits for its template's lock."""
