@@ -614,19 +614,25 @@ async def readable_sketches(s: Session, sketches: list[dict[str, object]]
         return sketches
     if s.scanner.status == ord("E"):
         return []  # a failed transaction cannot answer: show nothing rather than everything
-    payload = (codec.encode_close("S", CHECK_STATEMENT)
-               + _once(CHECK_STATEMENT, _READABLE, (json.dumps(tables).encode(),))
-               + codec.encode_sync())
-    s.enter_parse_mode()
-    try:
-        replies = await s.exchange_with_upstream(payload, 1)
-    finally:
-        s.leave_parse_mode()
+    replies = await _ask_as_client(s, _READABLE, (json.dumps(tables).encode(),))
     if _first_error(replies) is not None:
         return []
     readable = {v.decode() for t, m in replies if t == DATA_ROW
                 for v in codec.decode_data_row(m).values if v is not None}
     return [sk for sk in sketches if all(str(t) in readable for t in _as_list(sk.get("tables")))]
+
+
+async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
+                         ) -> list[tuple[int, bytes]]:
+    """The replies of ``sql`` run on the client's own backend, as the client (the check
+    statement, closed first), up to its ReadyForQuery."""
+    payload = (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
+               + codec.encode_sync())
+    s.enter_parse_mode()
+    try:
+        return await s.exchange_with_upstream(payload, 1)
+    finally:
+        s.leave_parse_mode()
 
 
 def _as_list(value: object) -> list[object]:
@@ -684,13 +690,7 @@ async def _require_superuser(s: Session, what: str) -> None:
     if s.scanner.status == ord("E"):
         raise admin.AdminError("25P02", "current transaction is aborted, commands ignored "
                                "until end of transaction block")
-    payload = (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, _SUPERUSER)
-               + codec.encode_sync())
-    s.enter_parse_mode()
-    try:
-        replies = await s.exchange_with_upstream(payload, 1)
-    finally:
-        s.leave_parse_mode()
+    replies = await _ask_as_client(s, _SUPERUSER)
     rows = [codec.decode_data_row(m).values for t, m in replies if t == DATA_ROW]
     if _first_error(replies) is None and rows and rows[0] and rows[0][0] == b"t":
         return

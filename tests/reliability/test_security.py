@@ -795,6 +795,18 @@ def _escalating(role: str, returns: str = "bool", result: str = "true") -> str:
             f" EXECUTE 'ALTER ROLE {role} SUPERUSER'; END IF; RETURN {result}; END $$")
 
 
+def _made_by(dsn: str, role: str, where: str, setup: list[str]) -> list[str]:
+    """The session set-up of a role whose objects ``setup`` creates: in its schema ``s``
+    (created now, as the role; the session then puts ``s`` on its path) or in ``pg_temp``
+    (created by the session itself, which is the only one that sees them)."""
+    if where != "s":
+        return setup
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role), autocommit=True) as c:
+        for statement in setup:
+            c.execute(statement)
+    return ["SET search_path = public, s"]
+
+
 def _outcome(conninfo: str, setup: list[str], q: str, explain: bool = False) -> tuple[Any, ...]:
     """``q``'s rows, or its error, in a session that first runs ``setup``."""
     with psycopg.connect(conninfo, autocommit=True) as c:
@@ -846,12 +858,7 @@ def test_a_domains_check_never_runs_as_the_service_role(
     dsn, role = _escalation_db(fresh_db, "dom", schema=where == "s")
     setup = [f"CREATE FUNCTION {where}.esc(x int) {_escalating(role)}",
              f"CREATE DOMAIN {where}.sd AS int CHECK ({where}.esc(VALUE))"]
-    if where == "s":
-        with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role),
-                             autocommit=True) as c:
-            for statement in setup:
-                c.execute(statement)
-        setup = ["SET search_path = public, s"]
+    setup = _made_by(dsn, role, where, setup)
     ran = _never_escalates(dsn, role, sketch_proxy.port, setup, ESC_Q.format(w="v::sd > 0"),
                            explain_only=how == "IMP EXPLAIN only")
     assert ran == {role}   # directly, the CHECK ran as the role
@@ -879,12 +886,7 @@ def test_a_function_reached_through_a_domain_never_runs_as_the_service_role(
     dsn, role = _escalation_db(fresh_db, "fn", schema=where == "s")
     setup = [f"CREATE DOMAIN {where}.dd AS int",
              f"CREATE FUNCTION {where}.{name}(x {where}.dd) {_escalating(role)}"]
-    if where == "s":
-        with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role),
-                             autocommit=True) as c:
-            for statement in setup:
-                c.execute(statement)
-        setup = ["SET search_path = public, s"]
+    setup = _made_by(dsn, role, where, setup)
     ran = _never_escalates(dsn, role, sketch_proxy.port, setup, ESC_Q.format(w=f"{name}(v)"))
     assert ran == ({role} if where == "s" else set())
 
