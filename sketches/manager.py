@@ -100,8 +100,10 @@ class SketchSettings:
     looser sketch), while the template has fewer than ``max_sketches_per_template`` sketches
     and the looser sketch selects more than ``own_sketch_min_coverage`` of a table's
     fragments (below, the rows a tighter sketch would skip on top cost less than maintaining
-    one more sketch); a capture beyond ``max_sketches_per_template`` first evicts the
-    template's least recently used sketch (:meth:`SketchManager._make_room`);
+    one more sketch); ``sketches_kept_per_template``: a capture beyond it — one no sketch of
+    the template may serve, such as a new WHERE constant — first evicts the template's least
+    recently used sketch (:meth:`SketchManager._make_room`; more than the own-sketch limit, so
+    a template used with a few dozen values in turn does not capture at every query);
     ``idle_evict_after`` (s): the background thread evicts a sketch no query used for that
     long (0: never), so a sketch nobody queries holds back no audit-row garbage collection
     (:meth:`SketchManager.evict_idle`);
@@ -114,6 +116,7 @@ class SketchSettings:
     capture_after: int = 1
     own_sketch_after: int = 2
     max_sketches_per_template: int = 8
+    sketches_kept_per_template: int = 64
     own_sketch_min_coverage: float = 0.02
     max_coverage: float = 1.0
     classify_cache_size: int = 4096
@@ -131,8 +134,10 @@ class SketchSettings:
         if self.batch_size < 1 or self.batch_interval <= 0 or self.state_interval <= 0:
             raise ValueError("batch_size must be >= 1, batch_interval and state_interval > 0")
         if self.own_sketch_after < 0 or self.max_sketches_per_template < 1 \
+                or self.sketches_kept_per_template < 1 \
                 or not 0 <= self.own_sketch_min_coverage <= 1:
-            raise ValueError("own_sketch_after must be >= 0, max_sketches_per_template >= 1, "
+            raise ValueError("own_sketch_after must be >= 0, max_sketches_per_template and "
+                             "sketches_kept_per_template >= 1, "
                              "own_sketch_min_coverage in [0, 1]")
         if not self.idle_evict_after >= 0:   # also NaN
             raise ValueError("idle_evict_after must be >= 0 (0: never)")
@@ -586,12 +591,12 @@ class SketchManager(IncrementalMaintenance):
     def _make_room(self, tmpl: _Template) -> None:
         """Before a capture joins ``tmpl`` (whose lock the caller holds, so no other thread
         is using one of its sketches): evicts its least recently used sketches until one
-        more fits within ``max_sketches_per_template``. Why: every new WHERE constant of a
+        more fits within ``sketches_kept_per_template``. Why: every new WHERE constant of a
         template, or a looser HAVING threshold than every sketch's, is an instance no sketch
         may serve, and each capture was kept for ever — in memory, as a state maintained at
         every write, and in the catalog (found: 301 sketches for 300 queries of one
         template; the cap was checked only before a capture "of its own")."""
-        while len(tmpl.entries) >= self.settings.max_sketches_per_template:
+        while len(tmpl.entries) >= self.settings.sketches_kept_per_template:
             victim = min(tmpl.entries, key=lambda e: e.idle_since())
             self._evict(tmpl, victim)
             self._count("evicted")
@@ -1004,7 +1009,7 @@ class SketchManager(IncrementalMaintenance):
         # newest first: a catalog holding more than the template may keep (written before
         # the cap was enforced, by another proxy, or under a larger setting) loads the newest;
         # the others are invalidated by the background thread
-        room = max(self.settings.max_sketches_per_template - len(tmpl.entries), 0)
+        room = max(self.settings.sketches_kept_per_template - len(tmpl.entries), 0)
         surplus = [e.sketch.id for e in loaded[room:] if e.sketch.id is not None]
         if surplus:
             with self._lock:

@@ -246,6 +246,7 @@ def test_column_type_change_rebuilds_the_partition(data: str) -> None:
 
 
 @pytest.mark.parametrize("bad", [{"own_sketch_after": -1}, {"max_sketches_per_template": 0},
+                                 {"sketches_kept_per_template": 0},
                                  {"own_sketch_min_coverage": -0.1},
                                  {"own_sketch_min_coverage": 1.5}])
 def test_sketch_choice_settings_are_validated(bad: dict[str, Any]) -> None:
@@ -424,7 +425,7 @@ def test_a_template_keeps_at_most_max_sketches(data: str, strategy: str, shape: 
     table = f"cap_{strategy}_{shape.split('-')[0]}"
     cap = 4
     m = SketchManager(SketchSettings(fragments=100, strategy=strategy, state_interval=0.2,
-                                     max_sketches_per_template=cap))
+                                     sketches_kept_per_template=cap))
     try:
         with psycopg.connect(data, autocommit=True) as svc:
             _sized_table(svc, table)
@@ -462,14 +463,14 @@ def test_a_template_keeps_at_most_max_sketches(data: str, strategy: str, shape: 
 
 def test_a_catalog_with_more_sketches_than_the_cap_loads_the_newest(data: str) -> None:
     """A catalog written under a larger cap (or before it was enforced): a new manager loads
-    the newest ``max_sketches_per_template`` and invalidates the others."""
+    the newest ``sketches_kept_per_template`` and invalidates the others."""
     table = "cap_load"
     text = f"SELECT g, count(*) AS c FROM {table} WHERE v <> {{}} GROUP BY g" \
            " HAVING count(*) > 235"
     first = SketchManager(SketchSettings(fragments=100, strategy="recapture",
-                                         max_sketches_per_template=20))
+                                         sketches_kept_per_template=20))
     second = SketchManager(SketchSettings(fragments=100, strategy="recapture",
-                                          max_sketches_per_template=3, state_interval=0.2))
+                                          sketches_kept_per_template=3, state_interval=0.2))
     try:
         with psycopg.connect(data, autocommit=True) as svc:
             _sized_table(svc, table)
