@@ -221,6 +221,12 @@ class PerDatabase:
 
 
 SERVICE_BACKOFF = 30.0  # seconds a database is skipped after its service pool failed
+SERVICE_BUSY_WAIT = 1.0
+"""Seconds a query waits for a service connection when every one is in use (not failing),
+then passes through. Why: prepares waiting for their template's lock (a capture that waits
+for another session's lock) each hold one, and a query of another template waited the pool's
+whole connect timeout (found: an unrelated query 9.8 s behind eight captures waiting for a
+locked table; the old code then turned sketching off for the database for 30 s)."""
 
 
 class ServiceError(RuntimeError):
@@ -566,16 +572,23 @@ class Router:
     def _service(self, dbname: str) -> Iterator[psycopg.Connection[Any]]:
         """A pooled service connection. When none can be had (upstream unreachable, the DSN's
         credentials refused), the database is skipped for SERVICE_BACKOFF seconds so candidate
-        queries fall back at once instead of each waiting for the pool timeout."""
+        queries fall back at once instead of each waiting for the pool timeout. When every one
+        is in use, a query waits at most SERVICE_BUSY_WAIT and then falls back alone."""
         assert self.pools is not None
         until = self._service_down.get(dbname, 0.0)
         if time.monotonic() < until:
             raise ServiceError(f"service connections to {dbname!r} are failing; "
                                f"retrying in {until - time.monotonic():.0f} s")
         pool = self.pools.pool(dbname)
+        stats = pool.get_stats()
+        busy = stats.get("pool_size", 0) >= stats.get("pool_max", 1) \
+            and stats.get("pool_available", 0) == 0
         try:
-            conn = pool.getconn()
+            conn = pool.getconn(timeout=SERVICE_BUSY_WAIT if busy else None)
         except PoolTimeout as exc:
+            if busy:   # in use, not failing: this query passes through, the next one tries
+                self.count("service_busy")
+                raise ServiceError(f"every service connection to {dbname!r} is busy") from exc
             self._service_down[dbname] = time.monotonic() + SERVICE_BACKOFF
             log.warning("no service connection for database %r; sketches off there for %.0f s",
                         dbname, SERVICE_BACKOFF)
