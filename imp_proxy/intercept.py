@@ -23,7 +23,18 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_STARTED
-from sketches.typeoids import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGERS, NUMERIC, TEXT_LIKE
+from sketches.typeoids import (
+    BOOL,
+    FLOAT4,
+    FLOAT8,
+    INT2,
+    INT4,
+    INT8,
+    INTEGERS,
+    NUMERIC,
+    TEXT,
+    TEXT_LIKE,
+)
 
 from . import admin
 from .errors import UpstreamError
@@ -297,7 +308,7 @@ def _probe(sql: str, types: tuple[int, ...], verify: str | None) -> bytes:
         # as its Bind would, and pgjdbc prepares it again; the proxy's statement, parsed
         # afresh, answered with the new type, which pgjdbc decoded as the old one (found: a
         # numeric sum read as an int8, 562954248388608 for 1601800)
-        out += (_once(VERIFY_STATEMENT, _VERIFY, (verify.encode(),), (25,))
+        out += (_once(VERIFY_STATEMENT, _VERIFY, (verify.encode(),), (TEXT,))
                 + codec.encode_describe("S", verify))
     out += codec.encode_close("S", PROBE_STATEMENT)
     if any(types):
@@ -593,9 +604,7 @@ async def client_may_not_run(s: Session, sql: str) -> str | None:
     """PostgreSQL's error when the client's role may not run ``sql``, else None: a plain
     ``EXPLAIN`` on the client's own backend (permission checks and planning, no execution;
     the extended protocol refuses a second statement)."""
-    payload = (codec.encode_close("S", CHECK_STATEMENT)
-               + _once(CHECK_STATEMENT, "EXPLAIN " + sql) + codec.encode_sync())
-    return _first_error(await s.exchange_with_upstream(payload, 1))
+    return _first_error(await s.exchange_with_upstream(_as_client("EXPLAIN " + sql), 1))
 
 
 # each name as the library reports it: "schema.table", or a bare name (search_path)
@@ -622,15 +631,20 @@ async def readable_sketches(s: Session, sketches: list[dict[str, object]]
     return [sk for sk in sketches if all(str(t) in readable for t in _as_list(sk.get("tables")))]
 
 
+def _as_client(sql: str, params: tuple[bytes, ...] = ()) -> bytes:
+    """``sql`` as the proxy's check statement (closed first), then a Sync: run on the
+    client's own backend, as the client."""
+    return (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
+            + codec.encode_sync())
+
+
 async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
                          ) -> list[tuple[int, bytes]]:
-    """The replies of ``sql`` run on the client's own backend, as the client (the check
-    statement, closed first), up to its ReadyForQuery."""
-    payload = (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
-               + codec.encode_sync())
+    """The replies of ``sql`` run on the client's own backend, as the client
+    (:func:`_as_client`), up to its ReadyForQuery."""
     s.enter_parse_mode()
     try:
-        return await s.exchange_with_upstream(payload, 1)
+        return await s.exchange_with_upstream(_as_client(sql, params), 1)
     finally:
         s.leave_parse_mode()
 

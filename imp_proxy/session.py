@@ -390,10 +390,8 @@ class Session(LocalAdmin):
         quoted and case-folded names, several statements in one Query, a ``DEALLOCATE`` run
         by a function); a record dropped only means the statement's Parse-less batches pass
         through, as a stale one is found to (the wrapping checks pg_prepared_statements)."""
+        self._forget_statement(name)
         records = self.statements
-        old = records.pop(name, None)
-        if old is not None:
-            self._statement_chars -= len(old[0])
         records[name] = (sql, types)
         self._statement_chars += len(sql)
         while records and (len(records) > MAX_STATEMENT_RECORDS

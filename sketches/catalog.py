@@ -26,9 +26,7 @@ log = logging.getLogger(__name__)
 def ensure_installed(conn: psycopg.Connection[Any]) -> bool:
     """Installs the ``imp`` schema's migrations if the sketch catalog is missing; True when it
     did (inside the caller's transaction, whose rollback takes the schema away again)."""
-    row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
-                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
-    if row is None or not row[0]:
+    if not is_installed(conn):
         pg_extensions.install(conn)
         return True
     return False
@@ -225,7 +223,7 @@ def update_counters(conn: psycopg.Connection[Any], sketch_id: int, uses: int,
 
 
 def invalidate(conn: psycopg.Connection[Any], sketch_id: int) -> None:
-    conn.execute("UPDATE imp.sketches SET valid = false WHERE id = %s", (sketch_id,))
+    invalidate_many(conn, [sketch_id])
 
 
 def invalidate_many(conn: psycopg.Connection[Any], sketch_ids: Sequence[int]) -> set[int]:
@@ -237,8 +235,9 @@ def invalidate_many(conn: psycopg.Connection[Any], sketch_ids: Sequence[int]) ->
 
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:
-    """Is the sketch catalog (``imp.sketches``) there?"""
-    row = conn.execute("SELECT to_regclass('imp.sketches') IS NOT NULL").fetchone()
+    """Is the sketch catalog there (its sketches and fragments, the own transactions)?"""
+    row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
+                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
 

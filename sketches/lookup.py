@@ -215,10 +215,12 @@ _USER_WRITTEN = ("(CASE WHEN {f}.prokind = 'a' THEN EXISTS (SELECT"
 (SQL, PL/pgSQL …; an aggregate: one of its support functions does), not in C or internal
 (12, 13) — which only a superuser (or an extension's script) can create."""
 
+_ELEMENT = ("  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory = 'A'"
+            "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END")
+"""SQL: ``x``, the pg_type row of type ``y``'s array element (of ``y`` itself if no array)."""
+
 _REACHED = ("EXISTS (SELECT FROM unnest({args}) AS a(t)"
-            "  JOIN pg_catalog.pg_type AS y ON y.oid = a.t"
-            "  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory = 'A'"
-            "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END"
+            "  JOIN pg_catalog.pg_type AS y ON y.oid = a.t" + _ELEMENT +
             "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND ({written} OR y.typtype <> 'b'"
             "   OR x.typtype <> 'b' OR EXISTS (SELECT FROM pg_catalog.pg_cast AS k"
             "    WHERE k.casttarget IN (y.oid, x.oid) AND k.castcontext = 'i')))")
@@ -260,8 +262,7 @@ _SHADOWING = psql.SQL(
     " (SELECT format('cast to %s: the query may run code that is not PostgreSQL''s own',"
     "   y.oid::regtype)"
     "  FROM unnest({types}::text[]) AS c(n) JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(c.n)"
-    "  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory = 'A'"
-    "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END"
+    + _ELEMENT +
     "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND (y.typtype <> 'b' OR x.typtype <> 'b')"
     "  LIMIT 1),"
     " (SELECT format('cast function %s.%I: the query may run code that is not PostgreSQL''s"

@@ -615,11 +615,18 @@ class SketchManager(IncrementalMaintenance):
             if entry not in tmpl.entries:
                 return False
             tmpl.entries.remove(entry)
-            sid = entry.sketch.id
-            if self.settings.persist and sid is not None and sid > 0:
-                self._evicted.setdefault(sid, time.monotonic())
+        sid = entry.sketch.id
+        if self.settings.persist and sid is not None and sid > 0:
+            self._queue_unpersist([sid])
         self.detach(entry)
         return True
+
+    def _queue_unpersist(self, sketch_ids: Sequence[int]) -> None:
+        """Queues sketches for :meth:`unpersist_evicted` (the background thread's)."""
+        now = time.monotonic()
+        with self._lock:
+            for sid in sketch_ids:
+                self._evicted.setdefault(sid, now)
 
     def evict_idle(self) -> int:
         """Evicts every sketch no query used for ``idle_evict_after`` seconds (a sketch
@@ -1012,9 +1019,7 @@ class SketchManager(IncrementalMaintenance):
         room = max(self.settings.sketches_kept_per_template - len(tmpl.entries), 0)
         surplus = [e.sketch.id for e in loaded[room:] if e.sketch.id is not None]
         if surplus:
-            with self._lock:
-                for sid in surplus:
-                    self._evicted.setdefault(sid, time.monotonic())
+            self._queue_unpersist(surplus)
             self._count("evicted", len(surplus))
             self._ensure_background()
         tmpl.entries.extend(loaded[:room])

@@ -294,6 +294,14 @@ _BOUNDED_WAIT = ("SELECT current_setting('lock_timeout'), set_config('lock_timeo
 by :data:`STATISTICS_LOCK_WAIT` for the statements that follow, transaction-locally."""
 
 
+def _bound_lock_wait(conn: psycopg.Connection[Any]) -> str:
+    """Bounds ``lock_timeout`` (:data:`_BOUNDED_WAIT`) and returns the one in force before,
+    for the caller to put back after its statements."""
+    row = conn.execute(_BOUNDED_WAIT, (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def lock_query_tables(conn: psycopg.Connection[Any], tables: Iterable[tuple[str, str]]) -> None:
     """ACCESS SHARE on every one of ``tables`` (schema, name: a query's tables), waiting at
     most :data:`STATISTICS_LOCK_WAIT` (or the shorter ``lock_timeout`` in force, which is put
@@ -310,13 +318,12 @@ def lock_query_tables(conn: psycopg.Connection[Any], tables: Iterable[tuple[str,
     names = sorted({(s, n) for s, n in tables if s and n})
     if not names:
         return
-    row = conn.execute(_BOUNDED_WAIT, (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)).fetchone()
-    assert row is not None
+    before = _bound_lock_wait(conn)
     # a query's ACCESS SHARE, taken while it is planned (LOCK TABLE refuses a materialized
     # view: found, every query of one passed through)
     conn.execute(sql.SQL("SELECT FROM {} LIMIT 0; "
                          "SELECT set_config('lock_timeout', {}, true)").format(
-        sql.SQL(", ").join(sql.Identifier(s, n) for s, n in names), sql.Literal(str(row[0]))))
+        sql.SQL(", ").join(sql.Identifier(s, n) for s, n in names), sql.Literal(before)))
 
 
 def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: int) -> None:
@@ -342,15 +349,14 @@ def _ensure_statistics(conn: psycopg.Connection[Any], info: ColumnInfo, wanted: 
         log.info("%s.%s is locked against ANALYZE: using its existing statistics", info.schema,
                  info.table)
         return
-    row = conn.execute(_BOUNDED_WAIT, (STATISTICS_LOCK_WAIT, STATISTICS_LOCK_WAIT)).fetchone()
-    assert row is not None
+    before = _bound_lock_wait(conn)
     if current < target:
         log.info("raising statistics target of %s.%s.%s to %d",
                  info.schema, info.table, info.column, target)
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STATISTICS {}").format(
             ident, col, sql.Literal(target)))
     conn.execute(sql.SQL("ANALYZE {} ({})").format(ident, col))
-    conn.execute("SELECT set_config('lock_timeout', %s, true)", (row[0],))
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
 
 
 _TEXT_STYLE = ("SELECT set_config('DateStyle', 'ISO, YMD', true),"
