@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -205,6 +205,17 @@ class PerDatabase:
         with self._lock:
             return [self._classifier, *self._hooks.values()]
 
+    def release(self, dbname: str) -> bool:
+        """Forgets ``dbname``'s hook after stopping its background work (its optional
+        ``close()``, which saves what it can); the next query there starts a new one, which
+        loads the database's catalog as a restarted proxy does. True when there was one."""
+        with self._lock:
+            hook = self._hooks.pop(dbname, None)
+        fn = getattr(hook, "close", None)
+        if callable(fn):
+            fn()
+        return hook is not None
+
     def settings(self) -> list[tuple[str, str]]:
         """The library settings a new database's hook is given (:meth:`configure`)."""
         with self._lock:
@@ -350,6 +361,15 @@ class ServicePools:
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
             p.close()
+
+    def discard(self, dbname: str) -> bool:
+        """Closes ``dbname``'s pool (a connection in use closes when it is returned); the
+        next :meth:`pool` call opens a new one. True when there was one."""
+        with self._lock:
+            p = self._pools.pop(dbname, None)
+        if p is not None:
+            p.close()
+        return p is not None
 
 
 class Router:
@@ -646,6 +666,22 @@ class Router:
             raise AdminError("22023", f"invalid strategy: {exc}") from exc
         if not found:
             raise AdminError("42704", f"sketch {sketch_id} does not exist")
+
+    async def release_databases(self, names: Iterable[str]) -> None:
+        """Closes every session the proxy holds in the databases ``names`` — their service
+        pools and their hooks' background connections — so that a statement needing them to
+        itself (:mod:`imp_proxy.databases`) runs as it would without the proxy."""
+        await asyncio.to_thread(self._release_blocking, list(names))
+
+    def _release_blocking(self, names: list[str]) -> None:
+        for name in names:
+            hook = self.hook.release(name) if isinstance(self.hook, PerDatabase) else False
+            pool = self.pools.discard(name) if self.pools is not None else False
+            self._service_down.pop(name, None)
+            self._service_settings.pop(name, None)
+            if hook or pool:
+                self.count("databases_released")
+                log.info("released database %r (service pool: %s, hook: %s)", name, pool, hook)
 
     def close(self) -> None:
         """Stops the hooks' background work (their optional ``close()``)."""

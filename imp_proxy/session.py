@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from . import admin, intercept
+from . import admin, databases, intercept
 from .errors import UpstreamError
 from .local import LocalAdmin
 from .protocol import codec
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 _IDLE = 73  # b"I"
 _ADMIN_FIRST = frozenset(b"Ii \t\r\n")  # a Query/Parse can only be "IMP …" if it starts so
+_SPECIAL_FIRST = _ADMIN_FIRST | databases.FIRST_BYTES
 _EXTENDED = frozenset((PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH))
 _BLOCK_HOLD = 1
 _BLOCK_BACKPRESSURE = 2
@@ -147,6 +148,7 @@ class Session(LocalAdmin):
         # the last Parse text prefilter turned down: drivers parse the same text again and
         # again (unnamed statements), and the comparison is cheaper than the prefilter
         self._plain_parse = b""
+        self._released: frozenset[str] = frozenset()  # databases a held statement needs
         self._tls_done = False
         # a client must complete startup + authentication in time (slowloris, stuck clients)
         self._startup_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -245,7 +247,7 @@ class Session(LocalAdmin):
             if typ == QUERY:
                 if (self.pending == 0 and not self.batch_open and not self.local_batch
                         and end > pos + 5
-                        and (self.sketching or data[pos + 5] in _ADMIN_FIRST)
+                        and (self.sketching or data[pos + 5] in _SPECIAL_FIRST)
                         and self._query_special(data, pos, end)):
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
@@ -310,6 +312,9 @@ class Session(LocalAdmin):
         if body[:1] and body[0] in _ADMIN_FIRST and admin.is_admin(body):
             self._run_held(self._admin_query(body))
             return True
+        if body[:1] and body[0] in databases.FIRST_BYTES and self._needs_databases(body):
+            self._run_held(self._release_then_forward(bytes(data[pos:end]), query=True))
+            return True
         if not self.sketching or self.scanner.status != _IDLE:
             return False
         if not prefilter(body):
@@ -345,6 +350,11 @@ class Session(LocalAdmin):
                 return None  # in a pipeline: let PostgreSQL report the syntax error
             if self.admin_stmts:
                 self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
+            if (name_end + 1 < end and data[name_end + 1] in databases.FIRST_BYTES
+                    and self.idle and self._needs_databases(
+                        data[name_end + 1:data.find(b"\x00", name_end + 1, end)])):
+                self._run_held(self._release_then_forward(bytes(data[pos:end]), query=False))
+                return "hold"
             if self.sketching:
                 sql_end = data.find(b"\x00", name_end + 1, end)
                 text = data[name_end + 1:sql_end]
@@ -416,6 +426,25 @@ class Session(LocalAdmin):
             return False
         self._shape = shape
         return True
+
+    # ---- statements that need a database to themselves (imp_proxy.databases)
+
+    def _needs_databases(self, text: bytes) -> bool:
+        if self.router.pools is None:
+            return False
+        self._released = databases.databases_named(text)
+        return bool(self._released)
+
+    async def _release_then_forward(self, raw: bytes, query: bool) -> None:
+        """Lets go of the databases the statement names, then sends it (a Query, or the Parse
+        of a batch whose other messages follow from ``cbuf``) as it came."""
+        names, self._released = self._released, frozenset()
+        await self.router.release_databases(names)
+        if query:
+            self.pending += 1
+        else:
+            self.batch_open = True
+        self._up_write(raw)
 
     # ---- holding the client while the proxy works
 
