@@ -132,32 +132,63 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     FROM unnest(cols) WITH ORDINALITY AS u(c, i)
 $$;
 
+-- A write whose audit table is missing: the table was restored with its triggers under another
+-- oid (pg_dump -t, then DROP TABLE and pg_restore: found, every INSERT, UPDATE and DELETE failed
+-- with "relation imp.delta_<oid> does not exist" until a sketched query tracked the table
+-- again), or the audit table was dropped with the guard disabled. The write goes ahead as it
+-- would without the proxy: a table nobody tracks under this oid has no sketch that could miss
+-- it; a tracked one gets a new epoch, so no state built on its audit survives.
+CREATE OR REPLACE FUNCTION imp._audit_missing(rel oid) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = rel;
+END $$;
+REVOKE ALL ON FUNCTION imp._audit_missing(oid) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION imp._audit_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE cols text := imp._audit_list(TG_ARGV);
+DECLARE
+    audit text := 'delta_' || TG_RELID;
+    cols text := imp._audit_list(TG_ARGV);
 BEGIN
+    IF to_regclass('imp.' || audit) IS NULL THEN
+        PERFORM imp._audit_missing(TG_RELID);
+        RETURN NULL;
+    END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), 1%s'
-                   ' FROM imp_new', 'delta_' || TG_RELID, cols, cols);
+                   ' FROM imp_new', audit, cols, cols);
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._audit_delete() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE cols text := imp._audit_list(TG_ARGV);
+DECLARE
+    audit text := 'delta_' || TG_RELID;
+    cols text := imp._audit_list(TG_ARGV);
 BEGIN
+    IF to_regclass('imp.' || audit) IS NULL THEN
+        PERFORM imp._audit_missing(TG_RELID);
+        RETURN NULL;
+    END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), -1%s'
-                   ' FROM imp_old', 'delta_' || TG_RELID, cols, cols);
+                   ' FROM imp_old', audit, cols, cols);
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._audit_update() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE cols text := imp._audit_list(TG_ARGV);
+DECLARE
+    audit text := 'delta_' || TG_RELID;
+    cols text := imp._audit_list(TG_ARGV);
 BEGIN
+    IF to_regclass('imp.' || audit) IS NULL THEN
+        PERFORM imp._audit_missing(TG_RELID);
+        RETURN NULL;
+    END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s)'
                    ' SELECT pg_current_xact_id(), -1%s FROM imp_old'
                    ' UNION ALL SELECT pg_current_xact_id(), 1%s FROM imp_new',
-                   'delta_' || TG_RELID, cols, cols, cols);
+                   audit, cols, cols, cols);
     RETURN NULL;
 END $$;
 
@@ -189,6 +220,10 @@ REVOKE ALL ON FUNCTION imp._bump_epoch(oid) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF to_regclass('imp.delta_' || TG_RELID) IS NULL THEN   -- as imp._audit_insert
+        PERFORM imp._audit_missing(TG_RELID);
+        RETURN NULL;
+    END IF;
     PERFORM imp._bump_epoch(TG_RELID);
     RETURN NULL;
 END $$;
