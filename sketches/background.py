@@ -124,6 +124,15 @@ class Background(threading.Thread):
             note = getattr(self.manager, "server_started", None)
             if note is not None and row is not None:
                 note(str(row[0]))
+            # before anything of schema imp is read or written on it (tracking, states, GC):
+            # a schema restored from another database is discarded first
+            claim = getattr(self.manager, "claim_identity", None)
+            if claim is not None:
+                try:
+                    claim(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             self._conn = conn
         return self._conn
 

@@ -24,12 +24,32 @@ log = logging.getLogger(__name__)
 
 
 def ensure_installed(conn: psycopg.Connection[Any]) -> bool:
-    """Installs the ``imp`` schema's migrations if the sketch catalog is missing; True when it
-    did (inside the caller's transaction, whose rollback takes the schema away again)."""
+    """Installs the ``imp`` schema's migrations if the sketch catalog (or its identity) is
+    missing; True when it did (inside the caller's transaction, whose rollback takes the schema
+    away again). Call :func:`claim_identity` before reading anything else of the schema."""
     if not is_installed(conn):
         pg_extensions.install(conn)
         return True
     return False
+
+
+def claim_identity(conn: psycopg.Connection[Any], installed: bool = True) -> bool:
+    """``imp.claim_identity()`` (pg_extensions/004_identity.sql): True when schema ``imp`` held
+    the state of another database (restored by pg_dump / pg_restore from another cluster or
+    database) and it was just discarded, in the caller's transaction. Its xids, snapshots and
+    table oids mean other transactions and tables here: a restored own xid later handed to a
+    user transaction hid that transaction's writes from the freshness check (a wrong answer).
+
+    ``installed``: the caller knows the schema is installed (:func:`ensure_installed`); else
+    a schema without the function (none, or one older than the identity) is nothing to judge
+    and False is returned. Reads only when the identity matches: no xid for the caller."""
+    if not installed:
+        row = conn.execute("SELECT to_regprocedure('imp.claim_identity()') IS NOT NULL"
+                           ).fetchone()
+        if not (row and row[0]):
+            return False
+    row = conn.execute("SELECT imp.claim_identity()").fetchone()
+    return bool(row and row[0])
 
 
 def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
@@ -235,9 +255,11 @@ def invalidate_many(conn: psycopg.Connection[Any], sketch_ids: Sequence[int]) ->
 
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:
-    """Is the sketch catalog there (its sketches and fragments, the own transactions)?"""
+    """Is the sketch catalog there (its sketches and fragments, the own transactions, the
+    identity that tells whether they are this database's)?"""
     row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
-                       " AND to_regclass('imp.own_xacts') IS NOT NULL").fetchone()
+                       " AND to_regclass('imp.own_xacts') IS NOT NULL"
+                       " AND to_regclass('imp.identity') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
 

@@ -157,6 +157,7 @@ class _Uncommitted:
     cache never points at catalog rows (or a schema) a rollback took away."""
 
     installed: bool = False
+    claimed: bool = False
     partitions: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     captured: list[tuple[_Template, _Entry]] = dataclasses.field(default_factory=list)
 
@@ -204,6 +205,7 @@ class SketchManager(IncrementalMaintenance):
                                tuple[RangePartition, bool, int | None]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
+        self._claimed = False   # imp.claim_identity() ran (catalog.claim_identity)
         self._started: str | None = None   # pg_postmaster_start_time(): see server_started
         self._txn = threading.local()
         self._stats: Counter[str] = Counter()
@@ -345,6 +347,8 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             if undo.installed:
                 self._installed = False
+            if undo.claimed:   # a discard of foreign state rolled back with it
+                self._claimed = False
             for key in undo.partitions:
                 self._partitions.pop(key, None)
         for tmpl, entry in undo.captured:  # exact in memory, but its catalog row is gone
@@ -363,6 +367,7 @@ class SketchManager(IncrementalMaintenance):
                     "forgetting its sketches and partitions", exc.diag.message_primary)
         with self._lock:
             self._installed = False
+            self._claimed = False   # perhaps restored from another database: judge it again
             self._partitions.clear()
             self._evicted.clear()   # a new catalog's ids start again: never invalidate those
         self._count("catalog_lost")
@@ -409,6 +414,7 @@ class SketchManager(IncrementalMaintenance):
                     "states and answers held in memory", started, previous)
         with self._lock:
             self._installed = False
+            self._claimed = False
             self._partitions.clear()
             self._role_checked.clear()
             self._own_xids.clear()
@@ -500,6 +506,8 @@ class SketchManager(IncrementalMaintenance):
             self._ensure_catalog(conn)
             if not tmpl.loaded:
                 self._load(conn, template, tmpl, relations)
+        else:   # no catalog of ours, but tracked tables and audit tables may be restored ones
+            self.claim_identity(conn)
         inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         runs = tmpl.note_values(_values(inst))
@@ -938,13 +946,43 @@ class SketchManager(IncrementalMaintenance):
     # ---- catalog ---------------------------------------------------------------------
 
     def _ensure_catalog(self, conn: psycopg.Connection[Any]) -> None:
+        """Installs the catalog if needed and, before anything of it is read (own xids here,
+        sketches, states and tracked tables later), claims it for this database."""
         if not self._installed:
             if catalog.ensure_installed(conn):
                 self._uncommitted().installed = True
+            self.claim_identity(conn, installed=True)
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
             with self._lock:
                 self._own_xids |= loaded
             self._installed = True
+
+    def claim_identity(self, conn: psycopg.Connection[Any], installed: bool = False) -> bool:
+        """:func:`catalog.claim_identity` once per manager (again after a rollback of it, a
+        lost catalog or a restart of PostgreSQL), before the first read of schema ``imp`` on
+        any path: a query's prepare (:meth:`_ensure_catalog`, or directly without
+        persistence) and the background thread's connection (tracking, maintenance,
+        persistence, GC). True when it discarded another database's state (restored by
+        pg_dump / pg_restore): then whatever the manager holds is forgotten too. ``installed``:
+        the caller knows schema ``imp`` is (else one round trip more checks it)."""
+        if self._claimed:
+            return False
+        discarded = catalog.claim_identity(conn, installed)
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            self._uncommitted().claimed = True
+        self._claimed = True
+        if discarded:
+            log.warning("schema imp held the state of another database (restored from a dump):"
+                        " discarded, and everything held in memory forgotten")
+            self._count("foreign_state_discarded")
+            with self._lock:
+                self._partitions.clear()
+                self._role_checked.clear()
+                self._own_xids.clear()
+                self._evicted.clear()   # ids of the discarded catalog
+            self._answers.clear()
+            self._drop_in_memory(loaded=False)
+        return discarded
 
     def prune_own_xids(self, conn: psycopg.Connection[Any], low: int) -> int:
         """Forgets the recorded own transactions older than ``low`` (``incremental.horizon``:

@@ -1,0 +1,260 @@
+"""Schema imp restored by pg_dump / pg_restore into another database — of the same cluster or of
+a fresh one — next to the application's tables (pg_extensions/004_identity.sql). Its own xids,
+snapshots and table oids belonged to the old database: the proxy's first contact discards them,
+and every answer through the proxy is compared with PostgreSQL's own, with the sketch path in
+use afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from imp_proxy.embedded import PG_BIN, LocalPostgres
+
+from .conftest import LaunchProxy, scalar, stats, via_proxy, wait_until
+
+HAVING = "SELECT g, sum(v) AS s FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
+TOPK = "SELECT g, count(*) AS n, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"
+QUERIES = [HAVING, TOPK]
+
+
+def _load(dsn: str, extra: str = "", rows: int = 50_000) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"CREATE {extra} TABLE t (g int NOT NULL, v int NOT NULL)")
+        c.execute(f"INSERT INTO t SELECT i % 1000, i FROM generate_series(1, {rows}) i")
+        c.execute("CREATE INDEX ON t (g)")
+        c.execute("ANALYZE t")
+
+
+def _exact(proxied: str, direct: str) -> None:
+    with psycopg.connect(proxied, autocommit=True) as pc, \
+            psycopg.connect(direct, autocommit=True) as dc:
+        for q in QUERIES:
+            got = pc.execute(q.encode()).fetchall()
+            want = dc.execute(q.encode()).fetchall()
+            assert got == want, f"{q}: proxy {got[:6]} != direct {want[:6]}"
+
+
+def _stat(dsn: str, key: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return int(stats(c).get(key, "0"))
+
+
+def _used(proxied: str, direct: str, limit: int = 8) -> int:
+    """Rounds of exact answers until the proxy answered one through a sketch."""
+    before = _stat(proxied, "proxy.used")
+    for n in range(1, limit + 1):
+        _exact(proxied, direct)
+        if _stat(proxied, "proxy.used") > before:
+            return n
+    raise AssertionError(f"no sketch used in {limit} rounds")
+
+
+def _write(direct: str, groups: tuple[int, ...]) -> None:
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("UPDATE t SET v = v + 90000 WHERE g = ANY(%s)", (list(groups),))
+        c.execute("DELETE FROM t WHERE g = 999")
+        c.execute("INSERT INTO t SELECT 4242, i FROM generate_series(1, 80) i")
+
+
+def _own_xids(dsn: str) -> set[int]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return {int(r[0]) for r in c.execute(
+            "SELECT xid::text::bigint FROM imp.own_xacts").fetchall()}
+
+
+def _tracked_without_triggers(dsn: str) -> list[int]:
+    """Rows of imp.tracked_tables naming no relation with the four audit triggers."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return [int(r[0]) for r in c.execute(
+            "SELECT t.relid::bigint FROM imp.tracked_tables t WHERE (SELECT count(*)"
+            " FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname LIKE 'imp\\_audit\\_%')"
+            " <> 4").fetchall()]
+
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    """Runs a PostgreSQL client program; returns its stderr's ERROR lines."""
+    res = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    return "\n".join(ln for ln in res.stderr.splitlines() if "ERROR" in ln)
+
+
+def _dump_into(source: str, target: str, how: str, *select: str, strict: bool = True) -> None:
+    """pg_dump of ``source`` (``select``: -t / -n options) restored into ``target``;
+    ``strict``: without an error."""
+    if how == "dump|psql":
+        dump = subprocess.run([str(PG_BIN / "pg_dump"), *select, "-d", source],
+                              capture_output=True, text=True)
+        assert dump.returncode == 0, dump.stderr
+        errors = _run([str(PG_BIN / "psql"), "-q", "-d", target], dump.stdout)
+    else:
+        f = Path(f"/tmp/imp_backup_restore_{os.getpid()}.dump")
+        assert not _run([str(PG_BIN / "pg_dump"), "-Fc", *select, "-f", str(f), "-d", source])
+        try:
+            errors = _run([str(PG_BIN / "pg_restore"), "-d", target, str(f)])
+        finally:
+            f.unlink()
+    assert not errors or not strict, errors
+
+
+def _burn_until(dsn: str, target: int) -> None:
+    """Aborted transactions until the next xid handed out is ``target``."""
+    with psycopg.connect(dsn) as c:
+        while True:
+            row = c.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+            c.rollback()
+            assert row is not None
+            if int(row[0]) >= target - 1:
+                return
+
+
+def _next_xid(dsn: str) -> int:
+    return int(scalar(dsn, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"))
+
+
+@pytest.fixture
+def other_cluster() -> Iterator[LocalPostgres]:
+    """A second, fresh cluster (its xid and oid counters start low), stopped afterwards."""
+    pg = LocalPostgres.throwaway_cluster()
+    pg.start()
+    try:
+        yield pg
+    finally:
+        argv = [str(PG_BIN / "pg_ctl"), "stop", "-D", str(pg.datadir), "-m", "fast", "-w"]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        _run(argv)
+        pg.destroy()
+
+
+@pytest.mark.parametrize("how", ["dump|psql", "custom+pg_restore"])
+def test_restore_into_another_database_of_the_cluster(launch: LaunchProxy, fresh_db: Any,
+                                                      how: str) -> None:
+    p = launch()
+    a = fresh_db()
+    _load(a)
+    pa = via_proxy(a, p.port)
+    _used(pa, a)
+    _write(a, (7,))
+    _used(pa, a)
+    wait_until(lambda: bool(scalar(a, "SELECT count(*) FROM imp.tracked_tables")), timeout=20)
+    _write(a, (3, 4))
+    _used(pa, a)
+    own_a = _own_xids(a)
+    assert own_a
+
+    b = fresh_db()
+    _dump_into(a, b, how)
+    pb = via_proxy(b, p.port)
+    _exact(pb, b)
+    # the proxy's first query claimed schema imp for b: a's state is gone
+    assert not own_a & _own_xids(b)
+    assert _tracked_without_triggers(b) == []
+    assert int(scalar(b, "SELECT count(*) FROM imp.sketches WHERE relations IS NOT NULL"
+                         " AND NOT ('t'::regclass::oid::bigint = ANY(relations))")) == 0
+    _write(b, (5,))   # writes work: the restored audit triggers are gone (or rebuilt)
+    _used(pb, b)
+    wait_until(lambda: bool(scalar(b, "SELECT count(*) FROM imp.tracked_tables"
+                                      " WHERE relid = 't'::regclass")), timeout=20)
+    _write(b, (6, 7))
+    _used(pb, b)
+    assert _tracked_without_triggers(b) == []
+    # the original is untouched and keeps working
+    _write(a, (8,))
+    _used(pa, a)
+
+
+@pytest.mark.parametrize("strategy", ["recapture", "lazy-unlogged"])
+def test_restore_into_a_fresh_cluster_reuses_no_own_xid(launch: LaunchProxy, fresh_db: Any,
+                                                        other_cluster: LocalPostgres,
+                                                        strategy: str) -> None:
+    """Cluster A (xids high) -> pg_dump -> fresh cluster B (xids low). B later hands the xids
+    of A's own transactions to user transactions: a write under one must not go unseen."""
+    a = fresh_db()
+    _load(a, extra="UNLOGGED" if strategy == "lazy-unlogged" else "")
+    _burn_until(a, _next_xid(a) + 3000)   # A's counter well beyond B's after its restore
+    args = ["--library-setting", "strategy=recapture"] if strategy == "recapture" else []
+    pa = via_proxy(a, launch(*args).port)
+    for gs in ((7,), (8,), (9,)):
+        _used(pa, a)
+        _write(a, gs)
+    _used(pa, a)
+
+    b = other_cluster.dsn("app")
+    with psycopg.connect(other_cluster.dsn(), autocommit=True) as c:
+        c.execute("CREATE DATABASE app")
+    _dump_into(a, b, "dump|psql")
+    nxt = _next_xid(b)
+    future = sorted(x for x in _own_xids(b) if x > nxt + 50)
+    assert future, "no restored own xid ahead of B's counter"
+
+    pb = via_proxy(b, launch(*args, upstream=other_cluster.dsn()).port)
+    _used(pb, b)
+    assert not set(future) & _own_xids(b)
+    # a user write under the xid of one of A's own transactions
+    _burn_until(b, future[0])
+    with psycopg.connect(b) as c:
+        c.execute("UPDATE t SET v = v + 900000 WHERE g = 5")
+        row = c.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        c.commit()
+    assert row is not None and int(row[0]) == future[0]
+    _exact(pb, b)
+    _used(pb, b)
+    _write(b, (10, 11))
+    _used(pb, b)
+
+
+def test_restore_schema_by_schema_into_a_fresh_cluster_same_oid(
+        launch: LaunchProxy, fresh_db: Any, other_cluster: LocalPostgres) -> None:
+    """The application's schema first, then schema imp, into a fresh cluster where t gets the
+    oid it had in A: A's sketches and states, versioned in A's xids, named B's t."""
+    a = fresh_db()
+    with psycopg.connect(a, autocommit=True) as c:
+        for i in range(10):
+            c.execute(f"CREATE TABLE pad{i} (x int)")
+            c.execute(f"DROP TABLE pad{i}")
+    _load(a)
+    _burn_until(a, _next_xid(a) + 3000)
+    pa = via_proxy(a, launch().port)
+    for gs in ((7,), (8,), (9,)):
+        _used(pa, a)
+        _write(a, gs)
+    _used(pa, a)
+
+    b = other_cluster.dsn("app")
+    with psycopg.connect(other_cluster.dsn(), autocommit=True) as c:
+        c.execute("CREATE DATABASE app")
+    target = int(scalar(a, "SELECT 't'::regclass::oid::int"))
+    with psycopg.connect(b, autocommit=True) as c:   # B's next oid: t's in A
+        while True:
+            row = c.execute("SELECT lo_create(0)::int").fetchone()
+            assert row is not None
+            c.execute("SELECT lo_unlink(%s)", (row[0],))
+            if int(row[0]) >= target - 1:
+                break
+    # t's audit triggers fail (their functions are in schema imp, restored next)
+    _dump_into(a, b, "dump|psql", "-t", "public.t", strict=False)
+    _dump_into(a, b, "dump|psql", "-n", "imp")
+    a_next = _next_xid(a)
+    assert int(scalar(b, "SELECT 't'::regclass::oid::int")) == target
+
+    pb = via_proxy(b, launch(upstream=other_cluster.dsn()).port)
+    _exact(pb, b)
+    with psycopg.connect(b, autocommit=True) as c:
+        c.execute("UPDATE t SET v = v + 900000 WHERE g = 5")
+    _exact(pb, b)
+    _write(b, (10, 11))
+    _used(pb, b)
+    # past A's xids: B's transactions now carry the xids A's versions were taken in
+    _burn_until(b, a_next + 5)
+    for g in (20, 21):
+        with psycopg.connect(b, autocommit=True) as c:
+            c.execute("UPDATE t SET v = v + 900000 WHERE g = %s", (g,))
+        _exact(pb, b)
+    _used(pb, b)
+    assert _tracked_without_triggers(b) == []
