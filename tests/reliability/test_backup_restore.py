@@ -169,6 +169,21 @@ def test_restore_into_another_database_of_the_cluster(launch: LaunchProxy, fresh
     _used(pa, a)
 
 
+def _sketched_then_empty_b(launch: LaunchProxy, a: str, other_cluster: LocalPostgres,
+                           args: list[str]) -> str:
+    """Moves A's xid counter well beyond a fresh cluster's, sketches and writes through a
+    proxy (``args``) on A, and creates database ``app`` in ``other_cluster``: its DSN."""
+    _burn_until(a, _next_xid(a) + 3000)
+    pa = via_proxy(a, launch(*args).port)
+    for gs in ((7,), (8,), (9,)):
+        _used(pa, a)
+        _write(a, gs)
+    _used(pa, a)
+    with psycopg.connect(other_cluster.dsn(), autocommit=True) as c:
+        c.execute("CREATE DATABASE app")
+    return other_cluster.dsn("app")
+
+
 @pytest.mark.parametrize("strategy", ["recapture", "lazy-unlogged"])
 def test_restore_into_a_fresh_cluster_reuses_no_own_xid(launch: LaunchProxy, fresh_db: Any,
                                                         other_cluster: LocalPostgres,
@@ -177,17 +192,8 @@ def test_restore_into_a_fresh_cluster_reuses_no_own_xid(launch: LaunchProxy, fre
     of A's own transactions to user transactions: a write under one must not go unseen."""
     a = fresh_db()
     _load(a, extra="UNLOGGED" if strategy == "lazy-unlogged" else "")
-    _burn_until(a, _next_xid(a) + 3000)   # A's counter well beyond B's after its restore
     args = ["--library-setting", "strategy=recapture"] if strategy == "recapture" else []
-    pa = via_proxy(a, launch(*args).port)
-    for gs in ((7,), (8,), (9,)):
-        _used(pa, a)
-        _write(a, gs)
-    _used(pa, a)
-
-    b = other_cluster.dsn("app")
-    with psycopg.connect(other_cluster.dsn(), autocommit=True) as c:
-        c.execute("CREATE DATABASE app")
+    b = _sketched_then_empty_b(launch, a, other_cluster, args)
     _dump_into(a, b, "dump|psql")
     nxt = _next_xid(b)
     future = sorted(x for x in _own_xids(b) if x > nxt + 50)
@@ -219,16 +225,7 @@ def test_restore_schema_by_schema_into_a_fresh_cluster_same_oid(
             c.execute(f"CREATE TABLE pad{i} (x int)")
             c.execute(f"DROP TABLE pad{i}")
     _load(a)
-    _burn_until(a, _next_xid(a) + 3000)
-    pa = via_proxy(a, launch().port)
-    for gs in ((7,), (8,), (9,)):
-        _used(pa, a)
-        _write(a, gs)
-    _used(pa, a)
-
-    b = other_cluster.dsn("app")
-    with psycopg.connect(other_cluster.dsn(), autocommit=True) as c:
-        c.execute("CREATE DATABASE app")
+    b = _sketched_then_empty_b(launch, a, other_cluster, [])
     target = int(scalar(a, "SELECT 't'::regclass::oid::int"))
     with psycopg.connect(b, autocommit=True) as c:   # B's next oid: t's in A
         while True:
