@@ -285,6 +285,11 @@ BEGIN
         RAISE EXCEPTION 'imp.track_table: % is not a table', rel
             USING ERRCODE = 'wrong_object_type';
     END IF;
+    -- a schema imp restored from another database is discarded before its rows are believed
+    -- (pg_extensions/004_identity.sql; also when called by hand before any proxy connected)
+    IF to_regprocedure('imp.claim_identity()') IS NOT NULL THEN
+        PERFORM imp.claim_identity();
+    END IF;
     -- serialise concurrent track_table calls on the same table
     PERFORM pg_advisory_xact_lock(hashtext('imp.track_table'), rel::oid::int);
     SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;

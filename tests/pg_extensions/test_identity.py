@@ -174,6 +174,17 @@ def test_another_databases_state_is_discarded(fresh: Conn) -> None:
         fresh, "SELECT 'id_c'::regclass::oid::bigint"))) == 1
 
 
+def test_tracking_by_hand_in_a_restored_database_claims_it_first(fresh: Conn) -> None:
+    """``imp.track_table`` run by hand before any proxy connected: the restored row naming
+    id_c (an oid of the old database) is not believed; id_c gets its triggers."""
+    _populate(fresh)
+    fresh.execute("UPDATE imp.identity SET database_oid = 1")
+    fresh.execute("SELECT imp.track_table('id_c')")
+    assert _recorded(fresh) == [_identity(fresh)]
+    assert _count(fresh, STATE["sketches"]) == 0 and _count(fresh, STATE["own"]) == 0
+    assert _audit_triggers(fresh, "id_c") == sorted(AUDIT_TRIGGERS)
+
+
 def test_another_clusters_state_is_discarded(fresh: Conn) -> None:
     _populate(fresh)
     fresh.execute("UPDATE imp.identity SET system_identifier = system_identifier + 1")
