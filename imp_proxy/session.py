@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 
 _IDLE = 73  # b"I"
 _ADMIN_FIRST = frozenset(b"Ii \t\r\n")  # a Query/Parse can only be "IMP …" if it starts so
-_SPECIAL_FIRST = _ADMIN_FIRST | databases.FIRST_BYTES
 _EXTENDED = frozenset((PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH))
 _BLOCK_HOLD = 1
 _BLOCK_BACKPRESSURE = 2
@@ -247,7 +246,8 @@ class Session(LocalAdmin):
             if typ == QUERY:
                 if (self.pending == 0 and not self.batch_open and not self.local_batch
                         and end > pos + 5
-                        and (self.sketching or data[pos + 5] in _SPECIAL_FIRST)
+                        and (self.sketching or data[pos + 5] in _ADMIN_FIRST
+                             or databases.mentions_database(data, pos + 5, end))
                         and self._query_special(data, pos, end)):
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
@@ -312,7 +312,7 @@ class Session(LocalAdmin):
         if body[:1] and body[0] in _ADMIN_FIRST and admin.is_admin(body):
             self._run_held(self._admin_query(body))
             return True
-        if body[:1] and body[0] in databases.FIRST_BYTES and self._needs_databases(body):
+        if databases.mentions_database(body) and self._needs_databases(body):
             self._run_held(self._release_then_forward(bytes(data[pos:end]), query=True))
             return True
         if not self.sketching or self.scanner.status != _IDLE:
@@ -351,7 +351,7 @@ class Session(LocalAdmin):
             if self.admin_stmts:
                 self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
             if (name_end + 1 < end and data[name_end + 1] in databases.FIRST_BYTES
-                    and self.idle and self._needs_databases(
+                    and self._needs_databases(
                         data[name_end + 1:data.find(b"\x00", name_end + 1, end)])):
                 self._run_held(self._release_then_forward(bytes(data[pos:end]), query=False))
                 return "hold"

@@ -135,15 +135,14 @@ $$;
 -- A write whose audit table is missing: the table was restored with its triggers under another
 -- oid (pg_dump -t, then DROP TABLE and pg_restore: found, every INSERT, UPDATE and DELETE failed
 -- with "relation imp.delta_<oid> does not exist" until a sketched query tracked the table
--- again), or the audit table was dropped with the guard disabled. The write goes ahead as it
--- would without the proxy: a table nobody tracks under this oid has no sketch that could miss
--- it; a tracked one gets a new epoch, so no state built on its audit survives.
-CREATE OR REPLACE FUNCTION imp._audit_missing(rel oid) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    UPDATE imp.tracked_tables SET epoch = nextval('imp.epoch_seq') WHERE relid = rel;
-END $$;
-REVOKE ALL ON FUNCTION imp._audit_missing(oid) FROM PUBLIC;
+-- again), or the audit table was dropped with the guard off. The write goes ahead as it would
+-- without the proxy and writes no audit row. Nothing can miss it: no sketch relies on a table
+-- tracked under no audit table (the proxy's delta reads and its probe of imp.tracked_tables
+-- find the audit table gone and capture anew; imp.track_table tracks such a table afresh,
+-- under a new epoch). Why no epoch bump here: it updated one imp.tracked_tables row per write,
+-- serialising the table's writers on it (found: a REPEATABLE READ writer of other rows failed
+-- with 40001).
+DROP FUNCTION IF EXISTS imp._audit_missing(oid);
 
 CREATE OR REPLACE FUNCTION imp._audit_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -152,7 +151,6 @@ DECLARE
     cols text := imp._audit_list(TG_ARGV);
 BEGIN
     IF to_regclass('imp.' || audit) IS NULL THEN
-        PERFORM imp._audit_missing(TG_RELID);
         RETURN NULL;
     END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), 1%s'
@@ -167,7 +165,6 @@ DECLARE
     cols text := imp._audit_list(TG_ARGV);
 BEGIN
     IF to_regclass('imp.' || audit) IS NULL THEN
-        PERFORM imp._audit_missing(TG_RELID);
         RETURN NULL;
     END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s) SELECT pg_current_xact_id(), -1%s'
@@ -182,7 +179,6 @@ DECLARE
     cols text := imp._audit_list(TG_ARGV);
 BEGIN
     IF to_regclass('imp.' || audit) IS NULL THEN
-        PERFORM imp._audit_missing(TG_RELID);
         RETURN NULL;
     END IF;
     EXECUTE format('INSERT INTO imp.%I (_xid, _mult%s)'
@@ -221,7 +217,6 @@ CREATE OR REPLACE FUNCTION imp._audit_truncate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF to_regclass('imp.delta_' || TG_RELID) IS NULL THEN   -- as imp._audit_insert
-        PERFORM imp._audit_missing(TG_RELID);
         RETURN NULL;
     END IF;
     PERFORM imp._bump_epoch(TG_RELID);
@@ -294,7 +289,12 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('imp.track_table'), rel::oid::int);
     SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;
     IF FOUND THEN
-        RETURN audit;
+        IF to_regclass('imp.delta_' || rel::oid) IS NOT NULL THEN
+            RETURN audit;
+        END IF;
+        -- its audit table was dropped with the guard off (found: the table was never sketched
+        -- again): tracked afresh, under a new epoch
+        DELETE FROM imp.tracked_tables WHERE relid = rel::oid;
     END IF;
     INSERT INTO imp.tracked_tables (relid, audit_table, columns, epoch)
     VALUES (rel::oid, 'imp.tracked_tables'::regclass, '{}', nextval('imp.epoch_seq'));

@@ -140,14 +140,19 @@ def _check_session(iso: str, exact_floats: bool) -> None:
         raise RoundedFloats("extra_float_digits is 0 or less: floats are read rounded")
 
 
+_AUDIT_EXISTS = " AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = audit_table)"
+"""A tracking row counts only with its audit table (see :class:`Probe`)."""
+
+
 def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
     """Audit table and epoch of ``table`` (regclass text, resolved via search_path, or oid)."""
     if isinstance(table, int):
         query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
-                        " WHERE relid = {}::oid").format(sql.Literal(table))
+                        " WHERE relid = {}::oid" + _AUDIT_EXISTS).format(sql.Literal(table))
     else:
         query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
-                        " WHERE relid = to_regclass({})::oid").format(sql.Literal(table))
+                        " WHERE relid = to_regclass({})::oid" + _AUDIT_EXISTS
+                        ).format(sql.Literal(table))
     try:
         row = conn.execute(query).fetchone()
     except psycopg.errors.UndefinedTable as exc:
@@ -163,7 +168,9 @@ class Probe:
 
     ``snapshot``: ``pg_current_snapshot()``; ``has_xid``: the transaction has an xid (only
     then can it have written audit rows: :func:`check_own_writes` is needed); ``tables``: the
-    tracking rows of the asked tables visible in this snapshot (absent: not tracked)."""
+    tracking rows of the asked tables visible in this snapshot (absent: not tracked — also a
+    row whose audit table is gone, dropped with the guard off: found, such a table failed
+    every prepare and was never sketched again; ``imp.track_table`` tracks it afresh)."""
 
     snapshot: str
     has_xid: bool
@@ -224,7 +231,7 @@ def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) ->
     _check_session(iso, exact_floats)
     tables = {int(r[4]): TableInfo(int(r[4]), str(r[5]), int(r[6]), bool(r[7]),
                                    None if r[8] is None else str(r[8]))
-              for r in rows if r[4] is not None}
+              for r in rows if r[4] is not None and r[5] is not None}
     return Probe(str(snap), bool(has_xid), tables)
 
 

@@ -337,13 +337,15 @@ def relations(pipeline: Pipeline) -> list[str]:
 
 
 def tracked(conn: Conn, pipeline: Pipeline) -> bool:
-    """True when every table of ``pipeline`` is tracked in conn's current snapshot."""
+    """True when every table of ``pipeline`` is tracked in conn's current snapshot, with its
+    audit table (one dropped with the guard off is tracked afresh: ``deltas.Probe``)."""
     if not installed(conn):
         return False
     rels = relations(pipeline)
     row = conn.execute(
         "SELECT count(DISTINCT t.relid) FROM unnest(%s::text[]) AS r(name)"
-        " JOIN imp.tracked_tables t ON t.relid = to_regclass(r.name)::oid",
+        " JOIN imp.tracked_tables t ON t.relid = to_regclass(r.name)::oid"
+        " WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = t.audit_table)",
         (rels,)).fetchone()
     return row is not None and int(row[0]) == len(set(rels))
 

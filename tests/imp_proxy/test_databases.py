@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from imp_proxy.databases import databases_named
+from imp_proxy.databases import databases_named, mentions_database
 
 from .conftest import ProxyProcess, StartProxy, via_proxy
 from .test_sketch_manager import rounds_until_used, stats
@@ -36,6 +36,18 @@ QUERY = "SELECT g, sum(v) FROM dd GROUP BY g HAVING sum(v) > 60000 ORDER BY g"
 ])
 def test_the_databases_a_statement_needs_to_itself(text: bytes, names: set[str]) -> None:
     assert databases_named(text) == names
+
+
+@pytest.mark.parametrize(("text", "look"), [
+    (b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;", False),
+    (b"SELECT 1; ALTER DATABASE a RENAME TO b", True),
+    (b"BEGIN; alter database a rename to b; COMMIT", True),
+    (b"Drop Database a", True),
+    (b"", False),
+])
+def test_which_query_texts_are_looked_at(text: bytes, look: bool) -> None:
+    assert mentions_database(text) is look
+    assert mentions_database(b"Q\0\0\0\0" + text + b"\0", 5, 5 + len(text)) is look
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +147,41 @@ def test_a_client_of_its_own_still_gets_postgresqls_refusal(
             if client_via is not None:
                 _same(client, dsn)
     assert errors[0] == errors[1]
+
+
+def _rename_same_as_directly(admin_dsn: str, proxy: ProxyProcess, served: str,
+                             run: Any) -> None:
+    """``run(dsn, statement)`` renames a database the proxy served, through the proxy, and a
+    database with no session, directly: both succeed (a rename may run in a transaction
+    block, so in a multi-statement Query or after other statements of a pipeline)."""
+    unserved = f"{served}_c"
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(unserved)))
+    for dsn, name in ((admin_dsn, unserved), (via_proxy(admin_dsn, proxy.port), served)):
+        run(dsn, sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+            sql.Identifier(name), sql.Identifier(name + "_x")).as_string(None))
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        for name in (served, unserved):
+            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(
+                sql.Identifier(name + "_x")))
+
+
+@pytest.mark.parametrize("form", ["SELECT 1; {}", "BEGIN; {}; COMMIT", "; {}"])
+def test_a_rename_in_a_multi_statement_query(admin_dsn: str, eager_proxy: ProxyProcess,
+                                             served_db: str, form: str) -> None:
+    def run(dsn: str, stmt: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(form.format(stmt).encode())   # no parameters: one simple Query
+
+    _rename_same_as_directly(admin_dsn, eager_proxy, served_db, run)
+
+
+def test_a_rename_after_other_statements_of_a_pipeline(admin_dsn: str,
+                                                       eager_proxy: ProxyProcess,
+                                                       served_db: str) -> None:
+    def run(dsn: str, stmt: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c, c.pipeline():
+            c.execute("SELECT 1")
+            c.execute(stmt.encode())
+
+    _rename_same_as_directly(admin_dsn, eager_proxy, served_db, run)

@@ -478,6 +478,40 @@ def test_audit_object_dropped_by_hand(sketch_proxy: ProxyProcess, fresh_db: Any,
     _assert_exact(proxied, direct)
 
 
+def test_an_audit_table_dropped_with_the_guard_off_is_tracked_afresh(
+        sketch_proxy: ProxyProcess, fresh_db: Any) -> None:
+    """The audit table dropped while the guard (the event trigger) is off: writes go ahead as
+    without the proxy — also two writers of other rows, one REPEATABLE READ (found: a write
+    moved the table's epoch, and the second writer failed with 40001) — answers stay exact,
+    and the table is tracked afresh and sketched again (found: every prepare failed for
+    good, the table was never sketched again)."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, sketch_proxy.port)
+    with psycopg.connect(direct, autocommit=True) as c:
+        pg_extensions.install(c)
+        c.execute("SELECT imp.track_table('t')")
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    [(_, audit)] = _tracked(direct)
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute("ALTER EVENT TRIGGER imp_audit_guard DISABLE")
+        c.execute(f"DROP TABLE {audit}")
+        c.execute("ALTER EVENT TRIGGER imp_audit_guard ENABLE ALWAYS")
+    with psycopg.connect(direct) as rr, psycopg.connect(direct, autocommit=True) as other:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rr.execute("SELECT count(*) FROM t").fetchone()
+        other.execute("UPDATE t SET v = v + 1 WHERE g = 1")
+        rr.execute("UPDATE t SET v = v + 1 WHERE g = 2")
+        rr.commit()
+    _write(direct, (3, 4, 5))
+    _assert_exact(proxied, direct)
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"), limit=12)
+    [(_, audit2)] = _tracked(direct)
+    _write(direct, (6,))
+    assert int(scalar(direct, f"SELECT count(*) FROM {audit2}")) > 0
+    _assert_exact(proxied, direct)
+
+
 @pytest.mark.parametrize("bypass", ["disable-trigger", "disable-all-triggers",
                                     "replication-role-replica"])
 def test_writes_that_bypass_triggers_still_reach_the_audit(sketch_proxy: ProxyProcess,
