@@ -147,7 +147,6 @@ class Session(LocalAdmin):
         # the last Parse text prefilter turned down: drivers parse the same text again and
         # again (unnamed statements), and the comparison is cheaper than the prefilter
         self._plain_parse = b""
-        self._released: frozenset[str] = frozenset()  # databases a held statement needs
         self._tls_done = False
         # a client must complete startup + authentication in time (slowloris, stuck clients)
         self._startup_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -312,8 +311,9 @@ class Session(LocalAdmin):
         if body[:1] and body[0] in _ADMIN_FIRST and admin.is_admin(body):
             self._run_held(self._admin_query(body))
             return True
-        if databases.mentions_database(body) and self._needs_databases(body):
-            self._run_held(self._release_then_forward(bytes(data[pos:end]), query=True))
+        names = self._databases_needed(body) if databases.mentions_database(body) else None
+        if names:
+            self._run_held(self._release_then_forward(names, bytes(data[pos:end]), query=True))
             return True
         if not self.sketching or self.scanner.status != _IDLE:
             return False
@@ -350,10 +350,13 @@ class Session(LocalAdmin):
                 return None  # in a pipeline: let PostgreSQL report the syntax error
             if self.admin_stmts:
                 self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
-            if (name_end + 1 < end and data[name_end + 1] in databases.FIRST_BYTES
-                    and self._needs_databases(
-                        data[name_end + 1:data.find(b"\x00", name_end + 1, end)])):
-                self._run_held(self._release_then_forward(bytes(data[pos:end]), query=False))
+            names = (self._databases_needed(data[name_end + 1:data.find(b"\x00", name_end + 1,
+                                                                         end)])
+                     if name_end + 1 < end and data[name_end + 1] in databases.FIRST_BYTES
+                     else None)
+            if names:
+                self._run_held(self._release_then_forward(names, bytes(data[pos:end]),
+                                                          query=False))
                 return "hold"
             if self.sketching:
                 sql_end = data.find(b"\x00", name_end + 1, end)
@@ -429,16 +432,16 @@ class Session(LocalAdmin):
 
     # ---- statements that need a database to themselves (imp_proxy.databases)
 
-    def _needs_databases(self, text: bytes) -> bool:
+    def _databases_needed(self, text: bytes) -> frozenset[str]:
+        """The databases ``text`` needs to itself, where the proxy holds sessions at all."""
         if self.router.pools is None:
-            return False
-        self._released = databases.databases_named(text)
-        return bool(self._released)
+            return frozenset()
+        return databases.databases_named(text)
 
-    async def _release_then_forward(self, raw: bytes, query: bool) -> None:
-        """Lets go of the databases the statement names, then sends it (a Query, or the Parse
+    async def _release_then_forward(self, names: frozenset[str], raw: bytes,
+                                    query: bool) -> None:
+        """Lets go of the databases ``names``, then sends the statement (a Query, or the Parse
         of a batch whose other messages follow from ``cbuf``) as it came."""
-        names, self._released = self._released, frozenset()
         await self.router.release_databases(names)
         if query:
             self.pending += 1

@@ -140,18 +140,19 @@ def _check_session(iso: str, exact_floats: bool) -> None:
         raise RoundedFloats("extra_float_digits is 0 or less: floats are read rounded")
 
 
-_AUDIT_EXISTS = " AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = audit_table)"
-"""A tracking row counts only with its audit table (see :class:`Probe`)."""
+WITH_AUDIT_TABLE = "EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = audit_table)"
+"""SQL: an ``imp.tracked_tables`` row's audit table exists — a tracking row counts only with
+it (see :class:`Probe`)."""
 
 
 def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
     """Audit table and epoch of ``table`` (regclass text, resolved via search_path, or oid)."""
     if isinstance(table, int):
         query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
-                        " WHERE relid = {}::oid" + _AUDIT_EXISTS).format(sql.Literal(table))
+                        " WHERE relid = {}::oid AND " + WITH_AUDIT_TABLE).format(sql.Literal(table))
     else:
         query = sql.SQL("SELECT relid::bigint, audit_table::text, epoch FROM imp.tracked_tables"
-                        " WHERE relid = to_regclass({})::oid" + _AUDIT_EXISTS
+                        " WHERE relid = to_regclass({})::oid AND " + WITH_AUDIT_TABLE
                         ).format(sql.Literal(table))
     try:
         row = conn.execute(query).fetchone()

@@ -345,7 +345,7 @@ def tracked(conn: Conn, pipeline: Pipeline) -> bool:
     row = conn.execute(
         "SELECT count(DISTINCT t.relid) FROM unnest(%s::text[]) AS r(name)"
         " JOIN imp.tracked_tables t ON t.relid = to_regclass(r.name)::oid"
-        " WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = t.audit_table)",
+        " WHERE " + deltas.WITH_AUDIT_TABLE,
         (rels,)).fetchone()
     return row is not None and int(row[0]) == len(set(rels))
 

@@ -412,14 +412,22 @@ class SketchManager(IncrementalMaintenance):
             return
         log.warning("PostgreSQL restarted (started %s, before %s): forgetting the sketches, "
                     "states and answers held in memory", started, previous)
+        self._count("server_restarts")
+        self._forget_held(judge_catalog_again=True)
+
+    def _forget_held(self, judge_catalog_again: bool) -> None:
+        """Forgets every sketch, state, answer, partition, role check and own transaction
+        held in memory (the catalog's are read again): after a restart of PostgreSQL, or once
+        the catalog's state was discarded as another database's. ``judge_catalog_again``: the
+        catalog is checked (installed, claimed) anew too, in the same critical section."""
         with self._lock:
-            self._installed = False
-            self._claimed = False
+            if judge_catalog_again:
+                self._installed = False
+                self._claimed = False
             self._partitions.clear()
             self._role_checked.clear()
             self._own_xids.clear()
         self._answers.clear()
-        self._count("server_restarts")
         self._drop_in_memory(loaded=False)
 
     def prepare_cached(self, sql: str, params: Sequence[object] | None, search_path: str,
@@ -976,12 +984,8 @@ class SketchManager(IncrementalMaintenance):
                         " discarded, and everything held in memory forgotten")
             self._count("foreign_state_discarded")
             with self._lock:
-                self._partitions.clear()
-                self._role_checked.clear()
-                self._own_xids.clear()
                 self._evicted.clear()   # ids of the discarded catalog
-            self._answers.clear()
-            self._drop_in_memory(loaded=False)
+            self._forget_held(judge_catalog_again=False)
         return discarded
 
     def prune_own_xids(self, conn: psycopg.Connection[Any], low: int) -> int:
