@@ -505,6 +505,14 @@ def test_an_audit_table_dropped_with_the_guard_off_is_tracked_afresh(
         rr.commit()
     _write(direct, (3, 4, 5))
     _assert_exact(proxied, direct)
+
+    def tracked_afresh() -> bool:
+        """The background thread re-tracked t (queued by a query, which this one is)."""
+        _assert_exact(proxied, direct)
+        return int(scalar(direct, "SELECT count(*) FROM imp.tracked_tables AS t"
+                                  " JOIN pg_class AS c ON c.oid = t.audit_table"
+                                  " WHERE t.relid = 't'::regclass")) == 1
+    assert wait_until(tracked_afresh, timeout=30)
     _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"), limit=12)
     [(_, audit2)] = _tracked(direct)
     _write(direct, (6,))
