@@ -62,11 +62,11 @@ from bench.maintenance_data import (
     create_tables,
 )
 from imp_proxy.embedded import given_or_throwaway as server
-from imp_proxy.router import PREPARE_WHEN_ASKED
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget, compile
+from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.ranges import RangePartition, build_partition
 from sketches.safety import check
 from sketches.sql import QueryAnalysis, analyse

@@ -25,17 +25,11 @@ from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sketches.background import service_session
+from sketches.pipelined import PREPARE_WHEN_ASKED
 
 from .admin import AdminError
 
 log = logging.getLogger(__name__)
-
-PREPARE_WHEN_ASKED = 2**62
-"""``prepare_threshold`` of service connections: psycopg prepares only statements run with
-``prepare=True`` (the library's delta reads, whose texts repeat from one maintenance to the
-next), never by count. Why not by count: each use may have another search_path, and a cached
-plan must not change its result type; a delta read names its tables with their schemas, and
-psycopg drops a statement that fails from its cache."""
 
 
 class ClassificationLike(Protocol):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from sketches import deltas, incremental, lookup
+from sketches import deltas, incremental, lookup, pipelined
 from sketches.ivm.errors import IvmError
 from sketches.maintained import ENGINE_BUGS
 
@@ -114,7 +114,8 @@ class Background(threading.Thread):
         groups missing from a HAVING answer)."""
         if self._conn is None or self._conn.closed:
             conn = psycopg.connect(**self.conninfo, autocommit=True,
-                                   application_name="imp-maintenance")
+                                   application_name="imp-maintenance",
+                                   prepare_threshold=pipelined.PREPARE_WHEN_ASKED)
             try:
                 service_session(conn)
                 row = conn.execute("SELECT " + lookup.SERVER_STARTED).fetchone()

@@ -149,12 +149,16 @@ def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch,
          None if relations is None else list(relations))).fetchone()
     assert row is not None
     sketch_id = int(row[0])
-    with conn.cursor() as cur:
-        cur.executemany(
+    if sketch.parts:
+        # one statement, not executemany: psycopg prepares an executemany's statement, and
+        # holding one it answers the connection's next ROLLBACK with DEALLOCATE ALL
+        # (sketches.pipelined.PREPARE_WHEN_ASKED)
+        conn.execute(sql.SQL(
             "INSERT INTO imp.sketch_fragments (sketch_id, ordinal, partition_id, fragments)"
-            " VALUES (%s, %s, %s, %s)",
-            [(sketch_id, i, p.partition.id, sorted(p.fragments))
-             for i, p in enumerate(sketch.parts)])
+            " VALUES {}").format(sql.SQL(", ").join(
+                [sql.SQL("(%s, %s, %s, %s)")] * len(sketch.parts))),
+            [v for i, p in enumerate(sketch.parts)
+             for v in (sketch_id, i, p.partition.id, sorted(p.fragments))])
     return sketch_id
 
 

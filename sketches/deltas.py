@@ -409,7 +409,7 @@ Rows = list[tuple[Any, ...]]
 
 
 def run(conn: psycopg.Connection[Any], st: Statement) -> Rows:
-    return conn.execute(st.text, st.params, prepare=True).fetchall()
+    return pipelined.fetch(conn, st.text, st.params)
 
 
 def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as psql
 
+from sketches import pipelined
 from sketches.safety import SafeAttribute
 from sketches.sql import ColumnRef, ColumnResolver, QueryAnalysis, raising
 
@@ -152,7 +153,7 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
                              tuple(sorted(analysis.operators | GENERATED_OPERATORS)),
                              tuple(sorted(analysis.types)), columns)
     oids, names = [0] * len(tables), [("", "")] * len(tables)
-    rows = conn.execute(query, prepare=True).fetchall()
+    rows = pipelined.fetch(conn, query)
     for i, relkind, rls, oid, schema, name, persistence, shadowing, _free in rows:
         if shadowing is not None:
             return Relations(str(shadowing), (), ())

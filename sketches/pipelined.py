@@ -16,6 +16,9 @@ mode and the caller's transaction (if any) is aborted, exactly as after a failed
 Named statements are prepared on first use, per connection, and reused (``prepared=True``
 steps, unless the connection's ``prepare_threshold`` is None: then nothing is prepared).
 The waits release the GIL, so a proxy's event loop keeps running meanwhile.
+
+:func:`fetch` runs one statement the same way, for the library's reads outside a batch: on a
+connection where this module prepares, psycopg must prepare nothing itself (see there).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ from psycopg.pq.abc import PGconn, PGresult
 Rows = list[tuple[Any, ...]]
 Conn = psycopg.Connection[Any]
 
+PREPARE_WHEN_ASKED = 2**62
+"""A connection's ``prepare_threshold`` for the library's own connections (the proxy's service
+connections, the maintenance thread's): psycopg then prepares only what is run with
+``prepare=True``, never by count, and the library runs nothing so (:func:`fetch`): psycopg
+holds no prepared statement, so it never sends ``DEALLOCATE ALL``. Why not by count: each
+use may have another search_path, and a cached plan must not change its result type; a delta
+read names its tables with their schemas."""
+
 MAX_PREPARED = 128
 """Named statements kept per connection; the least recently used beyond it are closed."""
 
@@ -51,11 +62,14 @@ class BatchFailed(psycopg.Error):
     it were not run. A :class:`psycopg.Error`, so callers that undo a failed read on any
     database error undo this one too."""
 
-    def __init__(self, step: int, sqlstate: str | None, message: str) -> None:
+    def __init__(self, step: int, sqlstate: str | None, message: str,
+                 error: psycopg.Error | None = None) -> None:
         super().__init__(f"step {step}: {message}")
         self.step = step
         self.sqlstate = sqlstate
         self.message = message
+        self.error = error
+        """What psycopg raises for the same result (its class per SQLSTATE)."""
 
 
 class PipelineBusy(psycopg.InterfaceError):
@@ -159,6 +173,37 @@ def bound(conn: Conn, text: bytes, params: Sequence[Any], prepared: bool = True)
     dumped = tx.dump_sequence(params, [PyFormat.TEXT] * len(params))
     return Step(text, tuple(None if p is None else bytes(p) for p in dumped),
                 tuple(tx.types or ()), prepared)
+
+
+def fetch(conn: Conn, query: str | bytes, params: Sequence[Any] | None = None) -> Rows:
+    """``conn.execute(query, params, prepare=True).fetchall()``: the same rows, and the
+    exception psycopg raises for a PostgreSQL error; on a connection whose
+    ``prepare_threshold`` is :data:`PREPARE_WHEN_ASKED`, prepared by this module instead.
+
+    Why: psycopg answers a command tagged ROLLBACK (also ``ROLLBACK TO SAVEPOINT``,
+    ``conn.rollback()``), DROP or ALTER on a connection where it holds prepared statements
+    with ``DEALLOCATE ALL``, which drops this module's statements too, and every batch on that
+    connection then fails once (and takes its caller's long way). On such a connection psycopg
+    holds none, so it never does. On others psycopg may prepare by count anyway, and a
+    statement dropped behind this module's back inside a transaction could not be run again:
+    psycopg prepares there, as before. ``query`` has psycopg's ``%s`` placeholders when
+    ``params`` is not None (as for psycopg, also when empty); a str is encoded in the
+    connection's encoding. Outside a
+    transaction that psycopg would open first, psycopg runs it (opening it), unprepared."""
+    threshold = conn.prepare_threshold
+    mine = threshold is not None and threshold >= PREPARE_WHEN_ASKED
+    if not mine or (not conn.autocommit
+                    and conn.info.transaction_status == pq.TransactionStatus.IDLE):
+        return conn.execute(query, params, prepare=not mine).fetchall()
+    text = query.encode(conn.info.encoding) if isinstance(query, str) else query
+    step = Step(text) if params is None else bound(conn, dollar(text), params)
+    try:
+        rows = run(conn, [step])[0]
+    except BatchFailed as exc:
+        if exc.error is None:
+            raise
+        raise exc.error from None
+    return rows or []
 
 
 def run(conn: Conn, steps: Sequence[Step]) -> list[Rows | None]:
@@ -276,4 +321,5 @@ def _failure(conn: Conn, step: int, res: PGresult) -> BatchFailed:
         return None if value is None else value.decode(conn.info.encoding, "replace")
     message = field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message.decode(
         conn.info.encoding, "replace")
-    return BatchFailed(step, field(pq.DiagnosticField.SQLSTATE), message)
+    return BatchFailed(step, field(pq.DiagnosticField.SQLSTATE), message,
+                       psycopg.errors.error_from_result(res, encoding=conn.info.encoding))

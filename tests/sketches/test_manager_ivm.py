@@ -29,6 +29,7 @@ import pg_extensions
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
 from sketches.manager import Prepared, SketchManager, SketchSettings
+from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.sql import analyse
 
 Conn = psycopg.Connection[Any]
@@ -184,6 +185,45 @@ def test_lazy_maintains_instead_of_recapturing(conn: Conn) -> None:
     finally:
         m.close()
         reset(conn)
+
+
+def _prepared_named(conn: Conn, prefix: str) -> list[str]:
+    rows = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(name, %s)"
+                        " ORDER BY name", (prefix,)).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_a_library_connection_keeps_its_statements_through_rollbacks(db: str) -> None:
+    """On a connection like the proxy's service connections (``PREPARE_WHEN_ASKED``),
+    captures (a join's several sketch parts too) and maintenances leave psycopg holding no
+    prepared statement, so a ROLLBACK on it keeps the library's own. Found: psycopg prepared
+    the catalog's ``executemany`` and answered the next ROLLBACK (the long way of a delta
+    read undoes its savepoint) with DEALLOCATE ALL; the library's statements were gone and
+    the next query on that connection passed through with "prepared statement … does not
+    exist"."""
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    with psycopg.connect(db, autocommit=True, prepare_threshold=PREPARE_WHEN_ASKED) as c:
+        try:
+            m.drop_all(c)   # the module's earlier tests left sketches: capture anew here
+            for sql, params in QUERIES[:5]:
+                assert check(m, c, sql, params).decision == "capture"
+            c.execute("UPDATE f SET v = v + 1 WHERE id < 30")
+            c.execute("UPDATE s SET b = b + 1 WHERE id < 30")
+            for sql, params in QUERIES[:5]:
+                assert check(m, c, sql, params).decision == "use"
+            assert m.stats()["maintenances"] >= 4
+            ours = _prepared_named(c, "_imp_p")
+            assert ours and _prepared_named(c, "_pg3_") == []
+            c.execute("BEGIN")
+            c.execute("SAVEPOINT a")
+            c.execute("ROLLBACK TO SAVEPOINT a")
+            c.execute("ROLLBACK")
+            c.execute("SELECT 1")
+            assert _prepared_named(c, "_imp_p") == ours
+        finally:
+            m.drop_all(c)   # their persisted states would hold back later tests' collection
+            m.close()
+            reset(c)
 
 
 def _answers(m: SketchManager, conn: Conn, sql: str, params: list[object] | None,

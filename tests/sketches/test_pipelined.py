@@ -155,3 +155,72 @@ def test_bound_params_reach_postgres_as_a_cursor_sends_them(conn: Conn,
     got = pipelined.run(conn, [step])[0]
     expected = conn.execute("SELECT %s::text", (value,)).fetchall()
     assert got == expected
+
+
+def _rolled_back_every_way(c: Conn) -> None:
+    """The statements tagged ROLLBACK a service connection runs (psycopg clears its own
+    prepared statements after each, with DEALLOCATE ALL when it held any)."""
+    c.execute("BEGIN")
+    c.execute("SAVEPOINT a")
+    c.execute("ROLLBACK TO SAVEPOINT a")
+    c.execute("ROLLBACK")
+    with c.transaction(force_rollback=True):
+        c.execute("SELECT 1")
+    c.execute("SELECT 1")   # psycopg sends a pending DEALLOCATE ALL before its next query
+
+
+def test_single_statements_are_prepared_here_so_a_rollback_keeps_every_statement(
+        db_dsn: str) -> None:
+    """The library's single reads (``lookup.relations``, ``deltas.run``) are prepared by this
+    module, not by psycopg, on the library's own connections: psycopg answers a ROLLBACK on a
+    connection where it holds prepared statements with DEALLOCATE ALL, which dropped the
+    batches' statements too (the next maintenance of every sketch then took the long path)."""
+    from sketches import deltas, lookup
+    from sketches.sql import analyse
+    with psycopg.connect(db_dsn, autocommit=True,
+                         prepare_threshold=pipelined.PREPARE_WHEN_ASKED) as c:
+        c.execute("CREATE TABLE pl_rel (g int, v int)")
+        analysis = analyse("SELECT g, sum(v) FROM pl_rel GROUP BY g HAVING sum(v) > 1")
+        for _ in range(2):
+            assert lookup.relations(c, analysis).reason is None
+            assert deltas.run(c, deltas.Statement("SELECT %s::int + 1", (41,))) == [(42,)]
+            assert pipelined.run(c, [Step(b"SELECT 'kept'")]) == [[("kept",)]]
+        assert len(_ours(c)) == 3   # the relations check, the read and the batch's statement
+        _rolled_back_every_way(c)
+        assert "SELECT 'kept'" in _ours(c) and len(_ours(c)) == 3
+
+
+def test_one_statement_raises_what_psycopg_raises(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, prepare_threshold=pipelined.PREPARE_WHEN_ASKED) as c:
+        c.execute("SELECT 1")
+        with pytest.raises(psycopg.errors.DivisionByZero) as info:
+            pipelined.fetch(c, "SELECT 1 / %s::int", (0,))
+        assert info.value.sqlstate == "22012"
+        assert info.value.diag.message_primary == "division by zero"
+        c.rollback()
+        assert pipelined.fetch(c, "SELECT '100%%' || %s", ("x",)) == [("100%x",)]
+        assert pipelined.fetch(c, "SELECT '100%'") == [("100%",)]   # no params: no placeholders
+        assert pipelined.fetch(c, "SELECT '100%%'", ()) == [("100%",)]   # as psycopg reads it
+        assert pipelined.fetch(c, "SELECT 'ü'") == [("ü",)]
+        # the failed one too (prepared before it failed); the first after the rollback
+        # opened the transaction through psycopg, unprepared
+        assert _ours(c) == ["SELECT 1 / $1::int", "SELECT '100%'", "SELECT 'ü'"]
+
+
+def test_one_statement_on_another_connection_is_prepared_by_psycopg(conn: Conn) -> None:
+    """There psycopg may prepare by count and clear with DEALLOCATE ALL: a statement of this
+    module could vanish inside a transaction, so psycopg prepares it, and it survives that."""
+    for _ in range(3):
+        assert pipelined.fetch(conn, "SELECT %s::int * 2", (21,)) == [(42,)]
+        _rolled_back_every_way(conn)
+    assert _ours(conn) == []
+
+
+def test_one_statement_outside_a_transaction_opens_one_as_psycopg_does(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, prepare_threshold=pipelined.PREPARE_WHEN_ASKED) as c:
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert pipelined.fetch(c, "SELECT %s::int", (1,)) == [(1,)]
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert _ours(c) == []
+        assert pipelined.fetch(c, "SELECT %s::int", (1,)) == [(1,)]
+        assert _ours(c) == ["SELECT $1::int"]
