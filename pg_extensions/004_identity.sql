@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS imp.identity (
 -- Returns true when schema imp held another database's state and it was discarded.
 --
 -- No row (a fresh install, or a schema of a version before this file): records this database,
--- nothing to judge. The same identity: nothing (reads only, so a caller's transaction gets no
+-- nothing to judge (also when a concurrent first claim recorded it after the caller's
+-- REPEATABLE READ snapshot, which made the INSERT fail with 40001). The same identity: nothing (reads only, so a caller's transaction gets no
 -- xid from it). Another identity: in this one transaction, forgets every tracked table first
 -- (so imp._audit_guard and imp._ddl_drop, which react to the drops below, find no row to act
 -- on: a restored row's relid is an oid of the old database and may name another table here),
@@ -49,8 +50,14 @@ DECLARE
 BEGIN
     SELECT * INTO held FROM imp.identity;
     IF NOT FOUND THEN
-        INSERT INTO imp.identity (system_identifier, database_oid) VALUES (sysid, dboid)
-        ON CONFLICT DO NOTHING;
+        BEGIN
+            INSERT INTO imp.identity (system_identifier, database_oid) VALUES (sysid, dboid)
+            ON CONFLICT DO NOTHING;
+        EXCEPTION WHEN serialization_failure THEN
+            -- REPEATABLE READ: a concurrent first claim inserted the row after this snapshot;
+            -- it found nothing to judge either, so neither is there anything here
+            NULL;
+        END;
         RETURN false;
     END IF;
     IF held.system_identifier = sysid AND held.database_oid = dboid THEN

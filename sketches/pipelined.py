@@ -44,10 +44,10 @@ Conn = psycopg.Connection[Any]
 PREPARE_WHEN_ASKED = 2**62
 """A connection's ``prepare_threshold`` for the library's own connections (the proxy's service
 connections, the maintenance thread's): psycopg then prepares only what is run with
-``prepare=True``, never by count, and the library runs nothing so (:func:`fetch`): psycopg
-holds no prepared statement, so it never sends ``DEALLOCATE ALL``. Why not by count: each
-use may have another search_path, and a cached plan must not change its result type; a delta
-read names its tables with their schemas."""
+``prepare=True`` or ``executemany``, never by count, and the library runs neither there
+(:func:`fetch`): psycopg holds no prepared statement, so it never sends ``DEALLOCATE ALL``.
+Why not by count: each use may have another search_path, and a cached plan must not change
+its result type; a delta read names its tables with their schemas."""
 
 MAX_PREPARED = 128
 """Named statements kept per connection; the least recently used beyond it are closed."""
@@ -188,8 +188,8 @@ def fetch(conn: Conn, query: str | bytes, params: Sequence[Any] | None = None) -
     statement dropped behind this module's back inside a transaction could not be run again:
     psycopg prepares there, as before. ``query`` has psycopg's ``%s`` placeholders when
     ``params`` is not None (as for psycopg, also when empty); a str is encoded in the
-    connection's encoding. Outside a
-    transaction that psycopg would open first, psycopg runs it (opening it), unprepared."""
+    connection's encoding. Outside a transaction that psycopg would open first, psycopg runs
+    it (opening it), unprepared."""
     threshold = conn.prepare_threshold
     mine = threshold is not None and threshold >= PREPARE_WHEN_ASKED
     if not mine or (not conn.autocommit

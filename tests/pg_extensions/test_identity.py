@@ -212,3 +212,22 @@ def test_a_reinstall_over_a_foreign_identity_discards_it(fresh: Conn) -> None:
     assert pg_extensions.install(fresh) == ["004_identity.sql"]
     assert _count(fresh, STATE["own"]) == 0 and _count(fresh, STATE["audit triggers"]) == 0
     assert _recorded(fresh) == [_identity(fresh)]
+
+
+def test_two_first_claims_at_once_in_repeatable_read(fresh: Conn, db_dsn: str) -> None:
+    """A query's prepare claims in its REPEATABLE READ transaction while the maintenance
+    thread claims on its own connection: the one whose snapshot predates the other's insert
+    of the identity failed with 40001 on its own INSERT (found: a fresh-clone CI run of the
+    manager's hypothesis workload). It now finds nothing to judge, as the other did, and its
+    transaction goes on."""
+    fresh.execute("DELETE FROM imp.identity")
+    with psycopg.connect(db_dsn, autocommit=True) as other:
+        fresh.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        try:
+            assert _recorded(fresh) == []   # the snapshot, taken before the other's claim
+            assert not _claim(other)
+            assert not _claim(fresh)
+            assert _count(fresh, "SELECT count(*) FROM imp.identity") == 0
+        finally:
+            fresh.execute("COMMIT")
+    assert _recorded(fresh) == [_identity(fresh)]
