@@ -26,8 +26,8 @@ CREATE TABLE IF NOT EXISTS imp.identity (
 --
 -- No row (a fresh install, or a schema of a version before this file): records this database,
 -- nothing to judge (also when a concurrent first claim recorded it after the caller's
--- REPEATABLE READ snapshot, which made the INSERT fail with 40001). The same identity: nothing (reads only, so a caller's transaction gets no
--- xid from it). Another identity: in this one transaction, forgets every tracked table first
+-- REPEATABLE READ snapshot, which made the INSERT fail with 40001). The same identity:
+-- nothing (reads only, so a caller's transaction gets no xid from it). Another identity: in this one transaction, forgets every tracked table first
 -- (so imp._audit_guard and imp._ddl_drop, which react to the drops below, find no row to act
 -- on: a restored row's relid is an oid of the old database and may name another table here),
 -- drops every audit trigger on a user table (found by trigger name and function, not through
