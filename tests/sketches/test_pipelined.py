@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from sketches import pipelined
+from sketches import deltas, lookup, pipelined
 from sketches.pipelined import BatchFailed, Step
+from sketches.sql import analyse
 
 Conn = psycopg.Connection[Any]
 
@@ -175,8 +176,6 @@ def test_single_statements_are_prepared_here_so_a_rollback_keeps_every_statement
     module, not by psycopg, on the library's own connections: psycopg answers a ROLLBACK on a
     connection where it holds prepared statements with DEALLOCATE ALL, which dropped the
     batches' statements too (the next maintenance of every sketch then took the long path)."""
-    from sketches import deltas, lookup
-    from sketches.sql import analyse
     with psycopg.connect(db_dsn, autocommit=True,
                          prepare_threshold=pipelined.PREPARE_WHEN_ASKED) as c:
         c.execute("CREATE TABLE pl_rel (g int, v int)")
