@@ -46,3 +46,8 @@ class InstrumentationError(SketchError):
 class Interrupted(SketchError):
     """The caller stopped a prepare that was waiting (for another prepare of the same
     template); nothing was decided."""
+
+
+class CatalogBusy(SketchError):
+    """Another thread's transaction is installing schema ``imp`` and has not committed: the
+    query passes through rather than reading a catalog it cannot see yet."""

@@ -46,7 +46,14 @@ from sketches.answers import Answer, Answers, Key, answer_key, query_key, templa
 from sketches.backends.base import BackendError, ExecutionBackend
 from sketches.backends.postgres import PostgresBackend
 from sketches.capture import CaptureTarget
-from sketches.errors import CaptureError, Interrupted, PartitionError, SketchError, UnsupportedQuery
+from sketches.errors import (
+    CaptureError,
+    CatalogBusy,
+    Interrupted,
+    PartitionError,
+    SketchError,
+    UnsupportedQuery,
+)
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
@@ -205,6 +212,7 @@ class SketchManager(IncrementalMaintenance):
                                tuple[RangePartition, bool, int | None]] = {}
         self._own_xids: set[int] = set()
         self._installed = False
+        self._installing: int | None = None   # thread whose transaction installs schema imp
         self._claimed = False   # imp.claim_identity() ran (catalog.claim_identity)
         self._started: str | None = None   # pg_postmaster_start_time(): see server_started
         self._txn = threading.local()
@@ -347,6 +355,8 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             if undo.installed:
                 self._installed = False
+                if self._installing == threading.get_ident():
+                    self._installing = None
             if undo.claimed:   # a discard of foreign state rolled back with it
                 self._claimed = False
             for key in undo.partitions:
@@ -367,6 +377,7 @@ class SketchManager(IncrementalMaintenance):
                     "forgetting its sketches and partitions", exc.diag.message_primary)
         with self._lock:
             self._installed = False
+            self._installing = None
             self._claimed = False   # perhaps restored from another database: judge it again
             self._partitions.clear()
             self._evicted.clear()   # a new catalog's ids start again: never invalidate those
@@ -423,6 +434,7 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             if judge_catalog_again:
                 self._installed = False
+                self._installing = None
                 self._claimed = False
             self._partitions.clear()
             self._role_checked.clear()
@@ -946,6 +958,10 @@ class SketchManager(IncrementalMaintenance):
             return
         me = threading.get_ident()
         with self._lock:
+            if done.installed:
+                self._installed = True
+                if self._installing == me:
+                    self._installing = None
             for key in done.partitions:
                 cached = self._partitions.get(key)
                 if cached is not None and cached[2] == me:
@@ -955,15 +971,38 @@ class SketchManager(IncrementalMaintenance):
 
     def _ensure_catalog(self, conn: psycopg.Connection[Any]) -> None:
         """Installs the catalog if needed and, before anything of it is read (own xids here,
-        sketches, states and tracked tables later), claims it for this database."""
-        if not self._installed:
-            if catalog.ensure_installed(conn):
-                self._uncommitted().installed = True
+        sketches, states and tracked tables later), claims it for this database.
+
+        A catalog this thread's transaction installed counts as installed for the other
+        threads only once that transaction committed (:meth:`committed`, or their own look
+        at the catalog): meanwhile their queries pass through (:class:`CatalogBusy`). Found:
+        a second first query read ``imp.sketches`` before it existed for it and took that
+        for a lost catalog, which forgot every sketch held, the first query's new one too."""
+        if self._installed:
+            return
+        undo = self._uncommitted()
+        if undo.installed:   # this transaction installed it
+            return
+        me = threading.get_ident()
+        with self._lock:
+            installer = self._installing
+            if installer is None:
+                self._installing = me
+        if installer not in (None, me) and not catalog.is_installed(conn):
+            raise CatalogBusy("schema imp is being installed by another query's transaction")
+        try:
+            undo.installed = catalog.ensure_installed(conn)
             self.claim_identity(conn, installed=True)
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
-            with self._lock:
-                self._own_xids |= loaded
-            self._installed = True
+        finally:
+            if not undo.installed:
+                with self._lock:
+                    if self._installing == me:
+                        self._installing = None
+        with self._lock:
+            self._own_xids |= loaded
+            if not undo.installed:
+                self._installed = True
 
     def claim_identity(self, conn: psycopg.Connection[Any], installed: bool = False) -> bool:
         """:func:`catalog.claim_identity` once per manager (again after a rollback of it, a
