@@ -63,7 +63,7 @@ class BatchFailed(psycopg.Error):
     database error undo this one too."""
 
     def __init__(self, step: int, sqlstate: str | None, message: str,
-                 error: psycopg.Error | None = None) -> None:
+                 error: psycopg.Error) -> None:
         super().__init__(f"step {step}: {message}")
         self.step = step
         self.sqlstate = sqlstate
@@ -200,8 +200,6 @@ def fetch(conn: Conn, query: str | bytes, params: Sequence[Any] | None = None) -
     try:
         rows = run(conn, [step])[0]
     except BatchFailed as exc:
-        if exc.error is None:
-            raise
         raise exc.error from None
     return rows or []
 
