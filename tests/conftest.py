@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -47,17 +47,43 @@ def _dsn_for_db(admin_dsn: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(admin_dsn, dbname=dbname)
 
 
-@pytest.fixture(scope="module")
-def db_dsn(admin_dsn: str) -> Iterator[str]:
-    """A fresh database for the test module, dropped afterwards."""
+def _create_db(admin_dsn: str) -> str:
+    """A new empty database's name."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _drop_dbs(admin_dsn: str, names: list[str]) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def db_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database for the test module, dropped afterwards."""
+    name = _create_db(admin_dsn)
     try:
         yield _dsn_for_db(admin_dsn, name)
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop_dbs(admin_dsn, [name])
+
+
+@pytest.fixture(scope="module")
+def fresh_db(admin_dsn: str) -> Iterator[Callable[[], str]]:
+    """Factory for extra empty databases (dropped at module end); returns their DSNs."""
+    names: list[str] = []
+
+    def make() -> str:
+        names.append(_create_db(admin_dsn))
+        return _dsn_for_db(admin_dsn, names[-1])
+
+    try:
+        yield make
+    finally:
+        _drop_dbs(admin_dsn, names)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ A subprocess rather than a thread: client libraries may hold the GIL in blocking
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,21 +66,3 @@ def proxy_dsn(db_dsn: str, proxy: ProxyProcess) -> str:
     return via_proxy(db_dsn, proxy.port)
 
 
-@pytest.fixture(scope="module")
-def fresh_db(admin_dsn: str) -> Iterator[Callable[[], str]]:
-    """Factory for extra empty databases (dropped at module end); returns their DSNs."""
-    names: list[str] = []
-
-    def make() -> str:
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        names.append(name)
-        return psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-
-    try:
-        yield make
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            for name in names:
-                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.imp_proxy.conftest import ProxyProcess, fresh_db, launch_proxy, via_proxy
+from tests.imp_proxy.conftest import ProxyProcess, launch_proxy, via_proxy
 
-__all__ = ["ProxyProcess", "fresh_db", "via_proxy", "fd_count", "rss_kib", "wait_until",
+__all__ = ["ProxyProcess", "via_proxy", "fd_count", "rss_kib", "wait_until",
            "backend_count", "scalar", "settled_fd_count", "client_legs"]
 
 Rows = list[tuple[Any, ...]]

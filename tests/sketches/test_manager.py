@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -520,53 +519,46 @@ def test_instrumented_texts_kept_per_sketch_are_bounded(data: str) -> None:
 
 
 def test_a_first_query_passes_through_while_another_installs_the_catalog(
-        admin_dsn: str) -> None:
+        fresh_db: Callable[[], str]) -> None:
     """Two first queries of a database without schema ``imp``, on two threads: the second
     read ``imp.sketches`` while the first one's transaction had installed it but not
     committed, took the missing table for a lost catalog and forgot every sketch held, the
     first one's new sketch too (found by a regression search through two proxies). It now
     passes through, and the first query's sketch is kept."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    dsn = fresh_db()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE mt WITH (autovacuum_enabled = false) AS SELECT i AS id,"
+                  " i % 200 AS g, (i * 37) % 101 AS v FROM generate_series(1, 20000) i")
+        c.execute("INSERT INTO mt SELECT 100000 + i, 7, 1 FROM generate_series(1, 500) i")
+        c.execute("ANALYZE mt")
+    other = "SELECT g, sum(v) AS s FROM mt GROUP BY g HAVING sum(v) > 6000"
+    m = SketchManager(SketchSettings(fragments=10))
+    installed, release = threading.Event(), threading.Event()
+    first: list[Prepared] = []
+
+    def first_query() -> None:
+        with psycopg.connect(dsn, autocommit=True) as a:
+            a.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            first.append(m.prepare(a, HAVING, [150]))
+            installed.set()
+            release.wait(30)
+            a.execute("COMMIT")
+            m.committed()
+
+    t = threading.Thread(target=first_query)
+    t.start()
     try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("CREATE TABLE mt WITH (autovacuum_enabled = false) AS SELECT i AS id,"
-                      " i % 200 AS g, (i * 37) % 101 AS v FROM generate_series(1, 20000) i")
-            c.execute("INSERT INTO mt SELECT 100000 + i, 7, 1 FROM generate_series(1, 500) i")
-            c.execute("ANALYZE mt")
-        other = "SELECT g, sum(v) AS s FROM mt GROUP BY g HAVING sum(v) > 6000"
-        m = SketchManager(SketchSettings(fragments=10))
-        installed, release = threading.Event(), threading.Event()
-        first: list[Prepared] = []
-
-        def first_query() -> None:
-            with psycopg.connect(dsn, autocommit=True) as a:
-                a.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                first.append(m.prepare(a, HAVING, [150]))
-                installed.set()
-                release.wait(30)
-                a.execute("COMMIT")
-                m.committed()
-
-        t = threading.Thread(target=first_query)
-        t.start()
-        try:
-            assert installed.wait(30)
-            with psycopg.connect(dsn, autocommit=True) as b:
-                second = prepare(m, b, other)
-        finally:
-            release.set()
-            t.join(30)
-        assert [p.decision for p in first] == ["capture"]
-        assert second.decision == "passthrough" and "being installed" in second.reason
-        assert m.stats().get("catalog_lost", 0) == 0
-        assert [r["sketch_id"] for r in m.sketches()] == [first[0].sketch_id]   # kept
+        assert installed.wait(30)
         with psycopg.connect(dsn, autocommit=True) as b:
-            assert prepare(m, b, other).decision == "capture"
-        assert len(m.sketches()) == 2
-        m.close()
+            second = prepare(m, b, other)
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        release.set()
+        t.join(30)
+    assert [p.decision for p in first] == ["capture"]
+    assert second.decision == "passthrough" and "being installed" in second.reason
+    assert m.stats().get("catalog_lost", 0) == 0
+    assert [r["sketch_id"] for r in m.sketches()] == [first[0].sketch_id]   # kept
+    with psycopg.connect(dsn, autocommit=True) as b:
+        assert prepare(m, b, other).decision == "capture"
+    assert len(m.sketches()) == 2
+    m.close()

@@ -31,6 +31,7 @@ from sketches.capture import CaptureTarget, capture
 from sketches.manager import Prepared, SketchManager, SketchSettings
 from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.sql import analyse
+from tests.sketches.test_pipelined import prepared_texts, rolled_back_every_way
 
 Conn = psycopg.Connection[Any]
 
@@ -187,12 +188,6 @@ def test_lazy_maintains_instead_of_recapturing(conn: Conn) -> None:
         reset(conn)
 
 
-def _prepared_named(conn: Conn, prefix: str) -> list[str]:
-    rows = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(name, %s)"
-                        " ORDER BY name", (prefix,)).fetchall()
-    return [str(r[0]) for r in rows]
-
-
 def test_a_library_connection_keeps_its_statements_through_rollbacks(db: str) -> None:
     """On a connection like the proxy's service connections (``PREPARE_WHEN_ASKED``),
     captures (a join's several sketch parts too) and maintenances leave psycopg holding no
@@ -212,14 +207,10 @@ def test_a_library_connection_keeps_its_statements_through_rollbacks(db: str) ->
             for sql, params in QUERIES[:5]:
                 assert check(m, c, sql, params).decision == "use"
             assert m.stats()["maintenances"] >= 4
-            ours = _prepared_named(c, "_imp_p")
-            assert ours and _prepared_named(c, "_pg3_") == []
-            c.execute("BEGIN")
-            c.execute("SAVEPOINT a")
-            c.execute("ROLLBACK TO SAVEPOINT a")
-            c.execute("ROLLBACK")
-            c.execute("SELECT 1")
-            assert _prepared_named(c, "_imp_p") == ours
+            ours = prepared_texts(c)
+            assert ours and prepared_texts(c, "_pg3_") == []
+            rolled_back_every_way(c)
+            assert prepared_texts(c) == ours
         finally:
             m.drop_all(c)   # their persisted states would hold back later tests' collection
             m.close()

@@ -18,10 +18,12 @@ from sketches.sql import analyse
 Conn = psycopg.Connection[Any]
 
 
-def _ours(conn: Conn) -> list[str]:
-    """The statements this module prepared on ``conn`` (server side)."""
+def prepared_texts(conn: Conn, prefix: str = "_imp_p") -> list[str]:
+    """The texts of the statements prepared on ``conn`` (server side) under names starting
+    with ``prefix`` (by default this module's; psycopg's start with ``_pg3_``), oldest first."""
     rows = conn.execute("SELECT statement FROM pg_prepared_statements"
-                        " WHERE name LIKE '\\_imp\\_p%' ORDER BY prepare_time").fetchall()
+                        " WHERE starts_with(name, %s) ORDER BY prepare_time",
+                        (prefix,)).fetchall()
     return [str(r[0]) for r in rows]
 
 
@@ -52,12 +54,12 @@ def test_statements_are_prepared_once_per_connection(db_dsn: str) -> None:
         steps = [Step(b"SELECT $1::int + 1", (b"41",)), Step(b"SELECT 2", prepared=False)]
         for _ in range(3):
             assert pipelined.run(c, steps)[0] == [(42,)]
-        assert _ours(c) == ["SELECT $1::int + 1"]
+        assert prepared_texts(c) == ["SELECT $1::int + 1"]
     with psycopg.connect(db_dsn, autocommit=True) as other:
-        assert _ours(other) == []   # per connection
+        assert prepared_texts(other) == []   # per connection
         other.prepare_threshold = None   # the psycopg setting that prepares nothing
         assert pipelined.run(other, steps)[0] == [(42,)]
-        assert _ours(other) == []
+        assert prepared_texts(other) == []
 
 
 def test_a_failing_step_raises_postgres_error_and_skips_the_rest(db_dsn: str) -> None:
@@ -96,7 +98,7 @@ def test_statements_deallocated_behind_its_back_are_prepared_again(conn: Conn) -
         pipelined.run(conn, [step])
     assert info.value.sqlstate == "26000"
     assert pipelined.run(conn, [step]) == [[("again",)]]
-    assert _ours(conn) == ["SELECT 'again'"]
+    assert prepared_texts(conn) == ["SELECT 'again'"]
 
 
 def test_least_recently_used_statements_are_closed(conn: Conn,
@@ -107,7 +109,7 @@ def test_least_recently_used_statements_are_closed(conn: Conn,
     for i in range(5):
         pipelined.run(conn, [Step(b"SELECT %d" % i)])
     pipelined.run(conn, [Step(b"SELECT 4")])   # sends the pending closes
-    assert _ours(conn) == ["SELECT 3", "SELECT 4"]
+    assert prepared_texts(conn) == ["SELECT 3", "SELECT 4"]
 
 
 def test_waiting_for_postgres_releases_the_gil(db_dsn: str) -> None:
@@ -158,7 +160,7 @@ def test_bound_params_reach_postgres_as_a_cursor_sends_them(conn: Conn,
     assert got == expected
 
 
-def _rolled_back_every_way(c: Conn) -> None:
+def rolled_back_every_way(c: Conn) -> None:
     """The statements tagged ROLLBACK a service connection runs (psycopg clears its own
     prepared statements after each, with DEALLOCATE ALL when it held any)."""
     c.execute("BEGIN")
@@ -184,9 +186,10 @@ def test_single_statements_are_prepared_here_so_a_rollback_keeps_every_statement
             assert lookup.relations(c, analysis).reason is None
             assert deltas.run(c, deltas.Statement("SELECT %s::int + 1", (41,))) == [(42,)]
             assert pipelined.run(c, [Step(b"SELECT 'kept'")]) == [[("kept",)]]
-        assert len(_ours(c)) == 3   # the relations check, the read and the batch's statement
-        _rolled_back_every_way(c)
-        assert "SELECT 'kept'" in _ours(c) and len(_ours(c)) == 3
+        # the relations check, the read and the batch's statement
+        assert len(prepared_texts(c)) == 3
+        rolled_back_every_way(c)
+        assert "SELECT 'kept'" in prepared_texts(c) and len(prepared_texts(c)) == 3
 
 
 def test_one_statement_raises_what_psycopg_raises(db_dsn: str) -> None:
@@ -203,7 +206,7 @@ def test_one_statement_raises_what_psycopg_raises(db_dsn: str) -> None:
         assert pipelined.fetch(c, "SELECT 'ü'") == [("ü",)]
         # the failed one too (prepared before it failed); the first after the rollback
         # opened the transaction through psycopg, unprepared
-        assert _ours(c) == ["SELECT 1 / $1::int", "SELECT '100%'", "SELECT 'ü'"]
+        assert prepared_texts(c) == ["SELECT 1 / $1::int", "SELECT '100%'", "SELECT 'ü'"]
 
 
 def test_one_statement_on_another_connection_is_prepared_by_psycopg(conn: Conn) -> None:
@@ -211,8 +214,8 @@ def test_one_statement_on_another_connection_is_prepared_by_psycopg(conn: Conn) 
     module could vanish inside a transaction, so psycopg prepares it, and it survives that."""
     for _ in range(3):
         assert pipelined.fetch(conn, "SELECT %s::int * 2", (21,)) == [(42,)]
-        _rolled_back_every_way(conn)
-    assert _ours(conn) == []
+        rolled_back_every_way(conn)
+    assert prepared_texts(conn) == []
 
 
 def test_one_statement_outside_a_transaction_opens_one_as_psycopg_does(db_dsn: str) -> None:
@@ -220,6 +223,6 @@ def test_one_statement_outside_a_transaction_opens_one_as_psycopg_does(db_dsn: s
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert pipelined.fetch(c, "SELECT %s::int", (1,)) == [(1,)]
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        assert _ours(c) == []
+        assert prepared_texts(c) == []
         assert pipelined.fetch(c, "SELECT %s::int", (1,)) == [(1,)]
-        assert _ours(c) == ["SELECT $1::int"]
+        assert prepared_texts(c) == ["SELECT $1::int"]
