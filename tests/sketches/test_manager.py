@@ -495,27 +495,43 @@ def test_idle_evict_after_is_validated() -> None:
     SketchSettings(idle_evict_after=0)
 
 
-def test_instrumented_texts_kept_per_sketch_are_bounded(data: str) -> None:
+def test_instrumented_texts_kept_per_sketch_are_bounded(
+        fresh_db: Callable[[], str]) -> None:
     """Found: one sketch fed texts differing only in a comment (ORM tags) kept every text's
-    instrumented copy while the sketch stayed unchanged (~2.5 KiB each, without limit)."""
-    m = SketchManager(SketchSettings(fragments=100, strategy="recapture", persist=False))
+    instrumented copy while the sketch stayed unchanged (~2.5 KiB each, without limit).
+    Maintained incrementally, once its table is tracked: under ``recapture`` (or unpersisted,
+    so never tracked) any commit elsewhere in the cluster, such as another test's background
+    thread, captured the sketch anew mid-loop, and the test failed now and then."""
+    dsn = fresh_db()
+    m = SketchManager(SketchSettings(fragments=100))
     text = "SELECT g, count(*) AS c FROM mt GROUP BY g HAVING count(*) > 400 /* {} */"
-    with psycopg.connect(data, autocommit=True) as svc:
-        n = INSTRUMENTED_KEPT + 40
-        for i in range(n):
-            sql = text.format(i)
-            p = prepare(m, svc, sql)
-            assert p.decision == ("capture" if i == 0 else "use")
-            assert p.instrumented_sql is not None
-            if i in (0, n - 1):
-                assert rows(svc, p.instrumented_sql, None) == rows(svc, sql, None)
-        (entry,) = [e for t in m._templates.values() for e in t.entries]
-        assert len(entry.instrumented) == INSTRUMENTED_KEPT
-        assert text.format(n - 1) in entry.instrumented   # the newest kept, the oldest gone
-        assert text.format(0) not in entry.instrumented
-        again = prepare(m, svc, text.format(0))   # a dropped text is instrumented again
-        assert again.decision == "use" and again.instrumented_sql is not None
-        assert rows(svc, again.instrumented_sql, None) == rows(svc, text.format(0), None)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as svc:
+            svc.execute("CREATE TABLE mt AS SELECT i AS id, i % 200 AS g"
+                        " FROM generate_series(1, 20000) i")
+            svc.execute("INSERT INTO mt SELECT 100000 + i, 7 FROM generate_series(1, 500) i")
+            first = prepare(m, svc, text.format("first"))
+            assert first.decision == "capture"
+            _wait(lambda: svc.execute("SELECT count(*) FROM imp.tracked_tables"
+                                      " WHERE relid = 'mt'::regclass").fetchone() == (1,))
+            prepare(m, svc, text.format("first"))   # builds the state: tracked in its snapshot
+            n = INSTRUMENTED_KEPT + 40
+            for i in range(n):
+                sql = text.format(i)
+                p = prepare(m, svc, sql)
+                assert p.decision == "use", (i, p.reason)
+                assert p.instrumented_sql is not None
+                if i in (0, n - 1):
+                    assert rows(svc, p.instrumented_sql, None) == rows(svc, sql, None)
+            (entry,) = [e for t in m._templates.values() for e in t.entries]
+            assert len(entry.instrumented) == INSTRUMENTED_KEPT
+            assert text.format(n - 1) in entry.instrumented   # the newest kept, the oldest gone
+            assert text.format(0) not in entry.instrumented
+            again = prepare(m, svc, text.format(0))   # a dropped text is instrumented again
+            assert again.decision == "use" and again.instrumented_sql is not None
+            assert rows(svc, again.instrumented_sql, None) == rows(svc, text.format(0), None)
+    finally:
+        m.close()
 
 
 def test_a_first_query_passes_through_while_another_installs_the_catalog(
