@@ -248,7 +248,7 @@ END $$;
 REVOKE ALL ON FUNCTION imp._audit_table_trigger(regclass, regclass) FROM PUBLIC;
 
 -- The audit triggers fire ALWAYS: with the default (origin) mode, session_replication_role =
--- replica (pg_restore, logical replication, bulk loads) or ALTER TABLE … DISABLE TRIGGER made
+-- replica (pg_restore, bulk loads) or ALTER TABLE … DISABLE TRIGGER made
 -- writes that the audit table never saw, and incrementally maintained sketches went wrong.
 -- Called at tracking and after every ALTER TABLE of a tracked table (one ALTER TABLE for all
 -- triggers, only when one is not ALWAYS; imp._ddl_end ignores it).
@@ -461,6 +461,13 @@ BEGIN
     LOOP
         PERFORM imp._retrack(rel::regclass);
     END LOOP;
+    -- a logical-replication subscription's apply worker fires only row-level triggers, so
+    -- its writes never reach the audit: a table a subscription now writes gets a new epoch
+    -- (its states are invalid, also when the subscription is gone by their next maintenance)
+    IF tg_tag IN ('CREATE SUBSCRIPTION', 'ALTER SUBSCRIPTION') THEN
+        UPDATE imp.tracked_tables t SET epoch = nextval('imp.epoch_seq')
+        WHERE t.relid IN (SELECT s.srrelid FROM pg_subscription_rel s);
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION imp._ddl_drop() RETURNS event_trigger
@@ -540,7 +547,7 @@ BEGIN
         SELECT * FROM (VALUES
             ('imp_ddl_end', 'ddl_command_end', ARRAY['ALTER TABLE', 'ALTER VIEW',
              'ALTER MATERIALIZED VIEW', 'ALTER FOREIGN TABLE', 'ALTER TYPE', 'ALTER INDEX',
-             'ALTER SEQUENCE'], 'imp._ddl_end'),
+             'ALTER SEQUENCE', 'CREATE SUBSCRIPTION', 'ALTER SUBSCRIPTION'], 'imp._ddl_end'),
             ('imp_ddl_drop', 'sql_drop', ARRAY['DROP TABLE', 'DROP TYPE', 'DROP DOMAIN'],
              'imp._ddl_drop'),
             ('imp_audit_guard', 'sql_drop', ARRAY['DROP TABLE', 'DROP TRIGGER'],

@@ -105,10 +105,12 @@ class TableInfo:
     relid: int
     audit_table: str
     epoch: int
-    children: bool = False
-    """The table has inheritance children or partitions, whose own writes its triggers never
-    see, or is one, whose rows a write naming the parent changes without firing its statement
-    triggers (the probe's answer; other readers leave it False)."""
+    bypassed: bool = False
+    """Writes can reach the table without firing its audit's statement triggers (the probe's
+    answer; other readers leave it False): it has inheritance children or partitions, whose
+    own writes its triggers never see, or is one, whose rows a write naming the parent changes;
+    or a logical-replication subscription writes it, whose apply worker fires row-level
+    triggers only."""
     collected: str | None = None
     """The table's garbage-collection watermark (``imp.collected``, the probe's answer; None:
     nothing collected, or another reader): every audit row ``imp.gc_deltas`` ever deleted has
@@ -184,7 +186,8 @@ _PROBE = sql.SQL(
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     "  WHERE c.oid = t.audit_table), t.epoch,"
     " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h"
-    "  WHERE h.inhparent = t.relid OR h.inhrelid = t.relid),"
+    "  WHERE h.inhparent = t.relid OR h.inhrelid = t.relid)"
+    " OR EXISTS (SELECT 1 FROM pg_catalog.pg_subscription_rel AS r WHERE r.srrelid = t.relid),"
     " (SELECT w.bound::text FROM imp.collected AS w WHERE w.relid = t.relid),"
     " {visible}"
     " FROM (SELECT pg_current_snapshot()::text AS snap,"

@@ -281,14 +281,18 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
     for an inheritance child or a partition: the audit's statement triggers with transition
     tables fire for the table a write names, so a write through the parent left no audit rows
     (found: a table attached as a partition, 20 rows inserted through the parent, a group
-    missing)."""
+    missing). Also for the target of a logical-replication subscription: its apply worker
+    fires only row-level triggers, so replicated writes left no audit rows (found by a
+    regression search: a replicated UPDATE, a group missing)."""
     row = conn.execute(
         "SELECT (SELECT string_agg(DISTINCT h.inhparent::regclass::text, ', ')"
         "  FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = ANY(array_agg(c.oid))),"
         " string_agg(c.oid::regclass::text, ', ') FILTER (WHERE c.relkind = 'm'),"
         " string_agg(c.oid::regclass::text, ', ') FILTER (WHERE c.relpersistence = 'u'),"
         " (SELECT string_agg(DISTINCT h.inhrelid::regclass::text, ', ')"
-        "  FROM pg_catalog.pg_inherits AS h WHERE h.inhrelid = ANY(array_agg(c.oid)))"
+        "  FROM pg_catalog.pg_inherits AS h WHERE h.inhrelid = ANY(array_agg(c.oid))),"
+        " (SELECT string_agg(DISTINCT s.srrelid::regclass::text, ', ')"
+        "  FROM pg_catalog.pg_subscription_rel AS s WHERE s.srrelid = ANY(array_agg(c.oid)))"
         " FROM unnest(%s::text[]) AS r(name)"
         " JOIN pg_catalog.pg_class AS c ON c.oid = to_regclass(r.name)",
         (list(relations),)).fetchone()
@@ -303,6 +307,9 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
     if row is not None and row[3] is not None:
         raise NotMaintainable(f"{row[3]} is an inheritance child or a partition: a write naming "
                               "its parent fires only the parent's statement triggers")
+    if row is not None and row[4] is not None:
+        raise NotMaintainable(f"{row[4]} is a logical-replication subscription's target: its "
+                              "apply worker fires no statement triggers")
 
 
 def installed(conn: Conn) -> bool:

@@ -648,7 +648,7 @@ class Pipeline:
     def _check_tracking(self, conn: Conn, probe: deltas.Probe) -> list[deltas.TableInfo]:
         """Each table's tracking as the probe saw it; raises :class:`Invalidated` when a
         table is no longer tracked, was truncated or altered since the state was built, or
-        has inheritance children or partitions now,
+        has inheritance children or partitions now, or is a subscription's target,
         :class:`deltas.OwnWrites` when this transaction wrote to one."""
         infos = []
         for relid, epoch in zip(self.relids, self.epochs, strict=True):
@@ -657,8 +657,9 @@ class Pipeline:
                 raise Invalidated(f"table {relid} is no longer tracked")
             if info.epoch != epoch:
                 raise Invalidated(f"table {relid}: TRUNCATE or DDL since the state was built")
-            if info.children:  # attached or inherited since: their writes are not audited
-                raise Invalidated(f"table {relid} is in an inheritance tree or partitioned")
+            if info.bypassed:  # since the state was built: such writes are not audited
+                raise Invalidated(f"table {relid} is in an inheritance tree, partitioned or "
+                                  "a subscription's target")
             if probe.has_xid:
                 deltas.check_own_writes(conn, info)
             infos.append(info)
