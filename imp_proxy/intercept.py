@@ -286,11 +286,13 @@ def _own(*sqls: str) -> bytes:
         _once(OWN_STATEMENT, sql) for sql in sqls)
 
 
-_ROLLBACK = _own("ROLLBACK") + codec.encode_sync()
 _DROP_UNNAMED = codec.encode_close("S", "")
 # the statements an error may have left behind (PostgreSQL skips to the Sync)
 _LEFTOVERS = b"".join(codec.encode_close("S", n)
                       for n in (PROBE_STATEMENT, INFERRED_STATEMENT, VERIFY_STATEMENT))
+# a rollback closes them too: a failed probe (a stale client statement) left its statement in
+# the client's session, seen in pg_prepared_statements (found by a regression search)
+_ROLLBACK = _LEFTOVERS + _own("ROLLBACK") + codec.encode_sync()
 
 
 def _probe(sql: str, types: tuple[int, ...], verify: str | None) -> bytes:
@@ -604,7 +606,8 @@ async def client_may_not_run(s: Session, sql: str) -> str | None:
     """PostgreSQL's error when the client's role may not run ``sql``, else None: a plain
     ``EXPLAIN`` on the client's own backend (permission checks and planning, no execution;
     the extended protocol refuses a second statement)."""
-    return _first_error(await s.exchange_with_upstream(_as_client("EXPLAIN " + sql), 1))
+    return _first_error(await s.exchange_with_upstream(_as_client("EXPLAIN " + sql),
+                                                       AS_CLIENT_READIES))
 
 
 # each name as the library reports it: "schema.table", or a bare name (search_path)
@@ -631,20 +634,28 @@ async def readable_sketches(s: Session, sketches: list[dict[str, object]]
     return [sk for sk in sketches if all(str(t) in readable for t in _as_list(sk.get("tables")))]
 
 
+AS_CLIENT_READIES = 2
+"""The ReadyForQuery messages that answer :func:`_as_client`."""
+
+
 def _as_client(sql: str, params: tuple[bytes, ...] = ()) -> bytes:
-    """``sql`` as the proxy's check statement (closed first), then a Sync: run on the
-    client's own backend, as the client."""
+    """``sql`` as the proxy's check statement (closed first), then a Sync, then a Close of it
+    and a Sync: run on the client's own backend, as the client; two ReadyForQuery. Why the
+    second Close: when ``sql`` fails, PostgreSQL skips the first one (to the Sync), and the
+    statement stayed in the client's session (found by a regression search: after an
+    ``IMP EXPLAIN`` of a table the role may not read)."""
     return (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
+            + codec.encode_sync() + codec.encode_close("S", CHECK_STATEMENT)
             + codec.encode_sync())
 
 
 async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
                          ) -> list[tuple[int, bytes]]:
     """The replies of ``sql`` run on the client's own backend, as the client
-    (:func:`_as_client`), up to its ReadyForQuery."""
+    (:func:`_as_client`), up to its last ReadyForQuery."""
     s.enter_parse_mode()
     try:
-        return await s.exchange_with_upstream(_as_client(sql, params), 1)
+        return await s.exchange_with_upstream(_as_client(sql, params), AS_CLIENT_READIES)
     finally:
         s.leave_parse_mode()
 

@@ -536,6 +536,22 @@ def test_a_literal_postgresql_15_rejects_gets_its_syntax_error(ldsn: str, db_dsn
             assert _rows_or_error(conn, q) == ("error", "42601")
 
 
+def test_an_identifier_postgresql_truncates_keeps_its_notice(ldsn: str, db_dsn: str) -> None:
+    """Found by a regression search: a sketched simple Query with a 70-character alias lost
+    PostgreSQL's NOTICE 42622 (the rewritten text carried the alias pglast had truncated)."""
+    q = (f"SELECT g AS {'a' * 70}, count(*) FROM sm GROUP BY g HAVING count(*) > 250"
+         " ORDER BY 1")
+    seen = []
+    for dsn in (db_dsn, ldsn):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            notices: list[str | None] = []
+            c.add_notice_handler(lambda d, into=notices: into.append(d.sqlstate))
+            for _ in range(3):   # a capture, then uses, where the query is sketched
+                rows = c.execute(q).fetchall()
+            seen.append((rows, notices))
+    assert seen[1] == seen[0] and seen[0][1] == ["42622"] * 3
+
+
 def test_a_capture_never_waits_for_a_lock_the_query_does_not_need(ldsn: str,
                                                                   db_dsn: str) -> None:
     """The capture's ``SET STATISTICS`` and ``ANALYZE`` need a SHARE UPDATE EXCLUSIVE lock,

@@ -220,6 +220,8 @@ def test_outsider_query_and_explain_reveal_nothing(sec_db: str,
             plan: dict[Any, Any] = dict(c.execute(f"IMP EXPLAIN {q}").fetchall())
             assert plan["decision"] == "passthrough" and plan["instrumented_sql"] is None
             assert "permission denied for table t" in str(plan["reason"])
+        # found by a regression search: the failed check left its statement in the session
+        assert c.execute("SELECT name FROM pg_prepared_statements").fetchall() == []
 
 
 @pytest.mark.parametrize("cursor", [psycopg.Cursor, psycopg.ClientCursor],

@@ -38,3 +38,14 @@ def test_literals_postgresql_15_rejects_are_refused(literal: str) -> None:
     with pytest.raises(UnsupportedQuery, match="syntax error in PostgreSQL 15"):
         parse_select(f"SELECT g, count(*) FROM t GROUP BY g HAVING count(*) > {literal}")
     parse_select("SELECT g_1, count(*) FROM t_1 GROUP BY g_1 HAVING count(*) > 16.5e1")
+
+
+@pytest.mark.parametrize("name", ["a" * 64, '"' + "A" * 64 + '"', '"' + "é" * 32 + '"',
+                                  'U&"' + "d" * 64 + '"'])
+def test_identifiers_postgresql_truncates_are_refused(name: str) -> None:
+    """PostgreSQL truncates an identifier longer than 63 bytes with NOTICE 42622; pglast had
+    truncated it already, so the rewritten query lost the NOTICE (found through the proxy)."""
+    with pytest.raises(UnsupportedQuery, match="longer than 63 bytes"):
+        parse_select(f"SELECT g AS {name}, count(*) FROM t GROUP BY g HAVING count(*) > 1")
+    for fits in ("a" * 63, '"' + "é" * 31 + '"', '"' + '""' * 40 + '"'):
+        parse_select(f"SELECT g AS {fits}, count(*) FROM t GROUP BY g HAVING count(*) > 1")
