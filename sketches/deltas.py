@@ -422,7 +422,8 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
     the audit tables read, in one round trip.
 
     Pipelined inside a savepoint: a fetch that fails (its audit table dropped since the query
-    was built) rolls back to it, leaving the caller's transaction usable, and returns None,
+    was built) rolls back to it, leaving the caller's transaction usable, and returns None
+    (a data exception, SQLSTATE class 22, is raised after the rollback instead),
     as does a probe showing another audit table for a query's table. On None the caller goes
     the long way (probe first), which reports what changed. The probe may come last: every
     statement of the transaction reads the same snapshot, and the visibility check must
@@ -464,6 +465,9 @@ def read_batch(conn: psycopg.Connection[Any], relids: Sequence[int],
         log.debug("pipelined delta read failed (%s): probing first", exc)
         for stmt in _UNDO:
             conn.execute(stmt)
+        if exc.sqlstate is not None and exc.sqlstate.startswith("22"):
+            # a value raised (the caller's transaction is usable): so would the long way
+            raise (exc.error if isinstance(exc, pipelined.BatchFailed) else exc) from None
         return None
     rows = out[probe_at] or []
     probe = _probe_result(conn, rows)

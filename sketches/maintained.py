@@ -430,7 +430,11 @@ class IncrementalMaintenance:
                 continue
             if other.pipeline is not shared or not shared.shares_with(pipeline.spec):
                 continue
-            entry.head = shared.add_head(pipeline.spec)
+            try:
+                entry.head = shared.add_head(pipeline.spec)
+            except NotMaintainable as exc:   # this entry's HAVING, say: its own build decides
+                log.info("sketch %s: no shared state (%s)", entry.sketch.id, exc)
+                return None
             entry.pipeline = shared
             self._count("shared_states")
             return shared.sketch(entry.head)

@@ -37,6 +37,16 @@ class Invalidated(IvmError):
     version does not contain the table's watermark, ``imp.collected``): recapture."""
 
 
+class DeltaRaised(IvmError):
+    """PostgreSQL raised a data exception (SQLSTATE class 22) evaluating the query's
+    expressions on an audit row. The delta read evaluates them on rows the original query
+    never reads in this snapshot — an UPDATE's old image, a row inserted and deleted since
+    the state's version — so a WHERE such as ``10 / (a - 60) < 5`` may raise where
+    PostgreSQL answers (found: the sketch was stuck, every later read raised again). The
+    state is unharmed but cannot move past those rows: recapture, which reads the current
+    rows only."""
+
+
 class PipelineBroken(IvmError):
     """An earlier maintain() failed half-way; the in-memory state is unusable: rebuild it
     (build_state) or restore a persisted snapshot."""

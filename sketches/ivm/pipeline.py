@@ -38,7 +38,13 @@ from psycopg import sql
 from sketches import deltas
 from sketches.ivm import partials
 from sketches.ivm.codec import Json
-from sketches.ivm.errors import Invalidated, NotMaintainable, PipelineBroken, StateFormatError
+from sketches.ivm.errors import (
+    DeltaRaised,
+    Invalidated,
+    NotMaintainable,
+    PipelineBroken,
+    StateFormatError,
+)
 from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.accumulators import best_values
 from sketches.ivm.ops.aggregate import Aggregate, HavingTest
@@ -622,7 +628,8 @@ class Pipeline:
     def _read_deltas(self, conn: Conn, since: str, also: Sequence[deltas.Statement] = ()
                      ) -> tuple[deltas.Probe, list[deltas.Rows], list[deltas.Rows]]:
         """conn's probe (its snapshot, every table's tracking), every table's delta rows since
-        ``since`` and the rows of ``also``:
+        ``since`` and the rows of ``also`` (:class:`DeltaRaised` when an audit row raised a
+        data exception; conn's transaction is usable then):
         one pipelined round trip once the audit tables are known (:func:`deltas.read_batch`);
         else, or when their tracking changed, the probe first and one fetch per table."""
         try:
@@ -644,6 +651,11 @@ class Pipeline:
         except deltas.AuditRebuilt as exc:
             self._queries = None
             raise Invalidated(str(exc)) from exc
+        except psycopg.DataError as exc:
+            if exc.sqlstate is None:   # a value psycopg cannot load, not PostgreSQL's error
+                raise
+            raise DeltaRaised(f"the delta read raised {exc.sqlstate}: "
+                              f"{exc.diag.message_primary}") from exc
 
     def _check_tracking(self, conn: Conn, probe: deltas.Probe) -> list[deltas.TableInfo]:
         """Each table's tracking as the probe saw it; raises :class:`Invalidated` when a

@@ -468,6 +468,59 @@ def test_quoted_literals_compared_with_other_types_recapture(db: str, having: st
             m.close()
 
 
+def test_a_quoted_literal_having_next_to_a_maintained_sibling_recaptures(conn: Conn) -> None:
+    """Found by a regression search: a sketch of the same template that differs only in
+    HAVING shares its sibling's state, and a HAVING comparing with a quoted literal made
+    sharing raise ``NotMaintainable`` out of the prepare, so the query was never sketched."""
+    fresh_table(conn, "qs", "id int PRIMARY KEY, g int, a int",
+                "SELECT i, i % 20, i % 50 FROM generate_series(1, 600) i")
+    m = SketchManager(SketchSettings(fragments=10))
+    try:
+        first = check(m, conn, "SELECT g, count(*) FROM qs GROUP BY g HAVING count(*) > 0", None)
+        assert entry_of(m, first.sketch_id)["strategy"] == "lazy"
+        quoted = check(m, conn, "SELECT g, count(*) FROM qs GROUP BY g HAVING count(*) > '29'",
+                       None)
+        assert quoted.decision == "capture" and quoted.instrumented_sql is not None
+        assert entry_of(m, quoted.sketch_id)["strategy"] == "recapture"
+        assert entry_of(m, first.sketch_id)["strategy"] == "lazy"
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize(("where", "bad", "good"), [
+    ("10 / (a - 60) < 5", "(1001, 15, 60, '1')", "(1002, 3, 3, '3')"),
+    ("s::int > 5", "(1001, 15, 1, 'x')", "(1002, 3, 3, '9')"),
+    ("10 / (a - 60) < 5", "UPDATE", "(1002, 3, 3, '3')"),
+], ids=["deleted-division", "deleted-cast", "updated-division"])
+def test_a_where_raising_on_a_row_gone_since_the_state_recaptures(conn: Conn, where: str,
+                                                                   bad: str, good: str) -> None:
+    """Found by a regression search: the delta read evaluates the WHERE on every audit row,
+    also on a row inserted and deleted since the state's version or an UPDATE's old image,
+    which the original query never reads. It raised (22012, 22P02) on every later prepare:
+    the sketch was stuck and its audit rows held back. Now the sketch is captured anew."""
+    fresh_table(conn, "rw", "id int PRIMARY KEY, g int, a int, s text",
+                "SELECT i, i % 20, i % 50, (i % 50)::text FROM generate_series(1, 600) i")
+    m = SketchManager(SketchSettings(fragments=10))
+    q = f"SELECT g, count(*) FROM rw WHERE {where} GROUP BY g HAVING count(*) > 1"
+    try:
+        check(m, conn, q, None)
+        conn.execute("INSERT INTO rw VALUES (1003, 4, 4, '4')")
+        assert check(m, conn, q, None).decision == "use"   # maintained
+        if bad == "UPDATE":
+            conn.execute("UPDATE rw SET a = 60 WHERE id = 1003")
+            conn.execute("UPDATE rw SET a = 4 WHERE id = 1003")
+        else:
+            conn.execute(f"INSERT INTO rw VALUES {bad}")
+            conn.execute("DELETE FROM rw WHERE id = 1001")
+        again = check(m, conn, q, None)
+        assert again.decision == "capture"
+        assert m.stats().get("engine_errors", 0) == 0, m.stats()
+        conn.execute(f"INSERT INTO rw VALUES {good}")
+        assert check(m, conn, q, None).decision == "use"   # maintained again from there
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize(("q", "maintained"), [
     ("SELECT k, s, count(*) FROM nd GROUP BY k, s HAVING count(*) > 255", False),
     ("SELECT a.k, count(*) FROM nd a, nd_j b WHERE a.s = b.s GROUP BY a.k"
