@@ -670,9 +670,8 @@ class Session(LocalAdmin):
                 elif isinstance(msg, GSSENCRequest):
                     self.client.write(b"N")
                 elif isinstance(msg, CancelRequest):
-                    self._spawn(self.server.forward_cancel(msg.pid, msg.secret))
                     self.phase = Phase.CLOSED
-                    self.client.close()
+                    self._spawn(self._cancel_then_close(msg.pid, msg.secret))
                     return
                 elif isinstance(msg, StartupMessage):
                     self.params = dict(msg.params)
@@ -680,6 +679,16 @@ class Session(LocalAdmin):
                     self._spawn(self._connect(msg.raw))
         except ProtocolViolation as exc:
             self.fatal(exc.sqlstate, str(exc))
+
+    async def _cancel_then_close(self, pid: int, secret: int) -> None:
+        """Forwards a CancelRequest, then closes the client's cancel connection. Why in this
+        order: libpq's cancel returns when the server closes that connection, which
+        PostgreSQL does after signalling the backend; closed first, the cancel landed later
+        and aborted the client's next query (found with psycopg2)."""
+        try:
+            await self.server.forward_cancel(pid, secret)
+        finally:
+            self.client.close()
 
     async def _start_tls(self) -> None:
         assert self.server.ssl_context is not None

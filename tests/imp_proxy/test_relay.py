@@ -96,6 +96,34 @@ def test_cancel_key_is_mapped(proxy: ProxyProcess, db_dsn: str) -> None:
         c.close()
 
 
+def test_a_cancel_has_reached_postgresql_when_its_connection_closes(proxy: ProxyProcess,
+                                                                  db_dsn: str) -> None:
+    """libpq's cancel returns once the server closes the cancel connection, which PostgreSQL
+    does after signalling the backend: a cancel of an idle session is ignored, and the query
+    sent next runs. Found with psycopg2 by a helper's search of other drivers: the proxy
+    closed the cancel connection before it forwarded the cancel, which then aborted the
+    client's next query (5 to 7 of 30 through the proxy, none directly)."""
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    cancelled = []
+    for target in ((str(info["host"]), int(str(info["port"]))), ("127.0.0.1", proxy.port)):
+        c = RawClient(*target)
+        try:
+            c.startup("postgres", _db(db_dsn))
+            assert c.key is not None
+            hits = 0
+            for _ in range(20):
+                with socket.create_connection(target) as s:
+                    s.sendall(struct.pack("!iiii", 16, 80877102, *c.key))
+                    assert s.recv(1) == b""   # closed: the cancel was processed
+                c.send(codec.encode_query("SELECT pg_sleep(0.05)"))
+                replies = c.until_ready()
+                hits += any(t == ord("E") for t, _m in replies)
+            cancelled.append(hits)
+        finally:
+            c.close()
+    assert cancelled == [0, 0]
+
+
 def test_malformed_frame_gets_fatal_and_only_that_client_is_dropped(proxy: ProxyProcess,
                                                                     db_dsn: str) -> None:
     good = RawClient("127.0.0.1", proxy.port)
