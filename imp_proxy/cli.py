@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import importlib
 import logging
 import os
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="imp-proxy",
@@ -39,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Environment: IMP_LISTEN, IMP_UPSTREAM, IMP_CONFIG, IMP_HEAVY_BACKEND "
                "(and IMP_SPARK_MASTER, IMP_SPARK_CONF, IMP_SPARK_JDBC_JAR, IMP_SPARK_JDBC_URL "
                "for the Spark backend). Flags win over the environment, which wins over the "
-               "TOML config file.")
-    parser.add_argument("--log-level", default="INFO",
+               "TOML config file. Exit status: 0 done, 2 configuration error, 3 the embedded "
+               "PostgreSQL failed, 4 PostgreSQL refused or could not be reached, 128 + N "
+               "stopped by signal N.")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="logging level: DEBUG, INFO, WARNING, ERROR (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -143,7 +149,10 @@ def _hook_factory(spec: str | None) -> Any:
     """The callable ``spec`` names, else the library's SketchManager (None without it)."""
     if spec:
         module, _, attr = spec.partition(":")
-        return getattr(importlib.import_module(module), attr or "create_hook")
+        try:
+            return getattr(importlib.import_module(module), attr or "create_hook")
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"cannot load the hook {spec!r}: {exc}") from exc
     try:
         return importlib.import_module("sketches.manager").SketchManager
     except ImportError as exc:
@@ -213,22 +222,65 @@ def library_settings(settings_cls: Any, overrides: Sequence[tuple[str, str]]) ->
     return dataclasses.replace(defaults, **values)
 
 
-def _postmaster_port(datadir: Path) -> int | None:
-    """The port of a postmaster already running on ``datadir`` (None if none is)."""
+def _postmaster(datadir: Path) -> tuple[int, int] | None:
+    """(pid, port) of a postmaster running on ``datadir``, else None. A ``postmaster.pid``
+    whose process is gone or is no postgres (its pid handed to another process after a
+    reboot: found, serve then relayed to a cluster that was not running) is stale: it is
+    removed, else PostgreSQL would refuse to start while that process lives."""
     pidfile = datadir / "postmaster.pid"
     try:
         lines = pidfile.read_text().splitlines()
         pid, port = int(lines[0]), int(lines[3])
-        os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
         return None
-    return port
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    if comm == "postgres":
+        return pid, port
+    log.warning("removing the stale %s (process %d is not a postgres)", pidfile, pid)
+    with contextlib.suppress(OSError):
+        pidfile.unlink()
+    return None
+
+
+class DataDirBusy(EmbeddedPostgresError):
+    """Another ``imp-proxy serve`` owns the embedded cluster of this data directory."""
 
 
 @contextlib.contextmanager
-def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
+def _data_dir_lock(data_dir: Path) -> Iterator[bool]:
+    """Holds ``data_dir``'s lock (``imp-proxy.lock``, written with this pid) while inside;
+    yields False when another process holds it. The holder owns the embedded cluster: it
+    starts (or takes over) and stops it."""
+    path = data_dir / "imp-proxy.lock"
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise DataDirBusy(f"{data_dir} is in use by another imp-proxy (pid "
+                              f"{f.read().strip() or '?'})") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield True
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def upstream_or_embedded(cfg: ProxyConfig, serving: bool = True) -> Iterator[ProxyConfig]:
     """``cfg`` unchanged when it names an upstream; else one with the embedded cluster's DSN
-    over its Unix socket (started now and stopped on exit, or reused when already running)."""
+    over its Unix socket, under the data directory's lock (:func:`_data_dir_lock`): the
+    cluster is started now, or taken over when one is running (left by a serve that died),
+    and stopped on exit — also when the start fails or is interrupted. Without the lock
+    (another serve owns the cluster) ``serving`` raises :class:`DataDirBusy`: that serve
+    stops the cluster when it ends (found: a second serve reusing it lost its upstream),
+    while ``install`` (``serving`` False) uses the running cluster and leaves it running."""
     if cfg.upstream is not None:
         yield cfg
         return
@@ -236,17 +288,34 @@ def upstream_or_embedded(cfg: ProxyConfig) -> Iterator[ProxyConfig]:
     if not cfg.data_dir.exists():
         cfg.data_dir.mkdir(parents=True)
         cfg.data_dir.chmod(0o755)  # the server user must be able to enter it
-    port = _postmaster_port(datadir)
-    if port is not None:
-        log.info("reusing the embedded PostgreSQL on port %d (%s)", port, datadir)
-        yield cfg.with_upstream(LocalPostgres(datadir=datadir, port=port,
-                                              throwaway=False).socket_dsn())
-        return
-    pg = LocalPostgres(datadir=datadir, throwaway=False)
-    log.info("starting the embedded PostgreSQL in %s on port %d", datadir, pg.port)
-    pg.start()
     try:
-        yield cfg.with_upstream(pg.socket_dsn())
+        with _data_dir_lock(cfg.data_dir):
+            with _embedded(datadir) as dsn:
+                yield cfg.with_upstream(dsn)
+    except DataDirBusy:
+        running = None if serving else _postmaster(datadir)
+        if running is None:
+            raise
+        yield cfg.with_upstream(LocalPostgres(datadir=datadir, port=running[1],
+                                              throwaway=False).socket_dsn())
+
+
+@contextlib.contextmanager
+def _embedded(datadir: Path) -> Iterator[str]:
+    """The embedded cluster's DSN: the running one taken over, else one started; stopped
+    when the block ends."""
+    running = _postmaster(datadir)
+    if running is not None:
+        log.info("taking over the embedded PostgreSQL on port %d (%s)", running[1], datadir)
+        pg = LocalPostgres(datadir=datadir, port=running[1], throwaway=False)
+        pg.pid = running[0]
+    else:
+        pg = LocalPostgres(datadir=datadir, throwaway=False)
+        log.info("starting the embedded PostgreSQL in %s on port %d", datadir, pg.port)
+    try:
+        if running is None:
+            pg.start()
+        yield pg.socket_dsn()
     finally:
         pg.stop()
 
@@ -260,8 +329,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with upstream_or_embedded(cfg) as cfg:
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
-        server = ProxyServer(cfg, hook)
         try:
+            server = ProxyServer(cfg, hook)
             loop.run_until_complete(server.start())
         except ProxyStartError as exc:
             print(f"imp-proxy: {exc}", file=sys.stderr)
@@ -269,7 +338,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"imp-proxy listening on {cfg.listen_host}:{server.port}", file=sys.stderr,
               flush=True)
         task = loop.create_task(server.serve_forever())
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:   # SIGHUP too: no reload; a closed terminal stops it cleanly
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task)
@@ -285,7 +354,9 @@ def cmd_install(args: argparse.Namespace) -> int:
     import pg_extensions
 
     cfg = load_config(_flags(args))
-    with upstream_or_embedded(cfg) as cfg, psycopg.connect(str(cfg.upstream)) as conn:
+    with upstream_or_embedded(cfg, serving=False) as cfg, \
+            psycopg.connect(str(cfg.upstream),
+                            connect_timeout=max(1, round(cfg.connect_timeout))) as conn:
         applied = pg_extensions.install(conn)
     print("applied: " + (", ".join(applied) if applied else "nothing (already up to date)"))
     return 0
@@ -297,11 +368,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run(args)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM or SIGHUP before the event loop takes them (or in ``install``/``demo``): leave
+    through the ``finally`` blocks, so an embedded or throwaway cluster started so far is
+    stopped (found: one left running after a signal during its start)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import psycopg
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     try:
         if args.command == "serve":
             return cmd_serve(args)
@@ -314,6 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EmbeddedPostgresError as exc:
         print(f"imp-proxy: embedded PostgreSQL failed: {exc}", file=sys.stderr)
         return 3
+    except psycopg.Error as exc:   # install, demo: PostgreSQL's own message
+        print(f"imp-proxy: {exc}", file=sys.stderr)
+        return 4
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

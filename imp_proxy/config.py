@@ -31,12 +31,15 @@ reads ``IMP_SPARK_MASTER``, ``IMP_SPARK_CONF``, ``IMP_SPARK_JDBC_JAR``, ``IMP_SP
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from sketches.cost import MODES as HEAVY_BACKENDS
 
@@ -151,6 +154,8 @@ def _library_settings(current: tuple[tuple[str, str], ...], value: Any,
                       origin: str) -> tuple[tuple[str, str], ...]:
     """Merges a TOML ``[library]`` table or CLI ``NAME=VALUE`` strings into ``current``."""
     merged = dict(current)
+    if isinstance(value, str) or not isinstance(value, Mapping | list | tuple):
+        raise ConfigError(f"{origin}: library settings must be a table ([library])")
     if isinstance(value, Mapping):
         merged.update({str(k): str(v).lower() if isinstance(v, bool) else str(v)
                        for k, v in value.items()})
@@ -204,15 +209,21 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         if key == "data_dir":
             return Path(str(value)).expanduser()
         if key in ("max_message_size", "service_pool_size", "decision_cache_size"):
+            if isinstance(value, bool | float):   # TOML true or 2.9 is no count
+                raise ValueError("must be an integer")
             n = int(value)
             if n <= 0:
                 raise ValueError("must be positive")
             return n
         if key in ("connect_timeout", "startup_timeout"):
+            if isinstance(value, bool):
+                raise ValueError("must be a number of seconds")
             t = float(value)
-            if t <= 0:
-                raise ValueError("must be positive")
+            if not math.isfinite(t) or t <= 0:
+                raise ValueError("must be a positive number of seconds")
             return t
+        if key == "upstream":
+            return _checked_dsn(str(value))
         if key == "sketches":
             if isinstance(value, bool):
                 return value
@@ -224,7 +235,26 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             return mode
         return str(value)
     except ValueError as exc:
-        raise ConfigError(f"{origin}: invalid value for {key}: {value!r} ({exc})") from exc
+        shown = "the DSN" if key == "upstream" else repr(value)
+        raise ConfigError(f"{origin}: invalid value for {key}: {shown} ({exc})") from exc
+
+
+def _checked_dsn(dsn: str) -> str:
+    """``dsn`` when libpq can parse it and names at most one host; else a ValueError that does
+    not repeat the text (it may hold a password). Why one host: the relay connects clients to
+    the upstream itself, to one address (libpq would try several in turn)."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ValueError("not a libpq connection string or URI (not shown: it may hold a "
+                         "password)") from None
+    for key in ("host", "hostaddr", "port"):
+        if "," in str(info.get(key) or ""):
+            raise ValueError(f"several values of {key}: the relay connects to one server")
+    port = str(info.get("port") or "5432")
+    if not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"invalid port {port!r}")
+    return dsn
 
 
 def parse_bool(text: str) -> bool:
@@ -248,7 +278,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         p = Path(str(path)).expanduser()
         try:
             data = tomllib.loads(p.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {p}: {exc}") from exc
         cfg = _apply(cfg, data, str(p))
     env_values = {"listen": env.get("IMP_LISTEN") or None,

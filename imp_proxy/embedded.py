@@ -9,6 +9,7 @@ the ``postgres`` user via ``runuser``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,7 +85,8 @@ class LocalPostgres:
     def socket_dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         """The DSN over the cluster's Unix socket: a relay on this machine spends less kernel
         time per message on it than on TCP loopback (``bench/results/pgbench.md``)."""
-        return f"postgresql://{user}@/{dbname}?host={self.socket_dir}&port={self.port}"
+        host = urllib.parse.quote(str(self.socket_dir), safe="/")   # a space, %, # or &
+        return f"postgresql://{user}@/{dbname}?host={host}&port={self.port}"
 
     def initdb(self) -> None:
         if (self.datadir / "PG_VERSION").exists():
@@ -119,6 +122,17 @@ class LocalPostgres:
         self._wait_ready(timeout)
         self.pid = self._server_pid()
 
+    def _spawned_pid(self, timeout: float = 10.0) -> int | None:
+        """The PID of the postmaster :meth:`start` spawned, once it wrote ``postmaster.pid``
+        (a start interrupted at once may not have yet); None when it exited first."""
+        deadline = time.monotonic() + timeout
+        while self._proc is not None and self._proc.poll() is None \
+                and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return self._server_pid()
+            time.sleep(0.05)
+        return None
+
     def _server_pid(self) -> int:
         first = (self.datadir / "postmaster.pid").read_text().splitlines()[0]
         return int(first)
@@ -143,11 +157,13 @@ class LocalPostgres:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, mode: str = "fast") -> None:
-        """Stops the postmaster by PID (SIGINT = fast shutdown) and waits for it."""
+        """Stops the postmaster by PID (SIGINT = fast shutdown) and waits for it; also one
+        this object spawned that never became ready (its PID from ``postmaster.pid``)."""
         sig = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
-        if self.pid is not None:
+        pid = self.pid if self.pid is not None or self._proc is None else self._spawned_pid()
+        if pid is not None:
             try:
-                os.kill(self.pid, sig)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         if self._proc is not None:
@@ -156,6 +172,10 @@ class LocalPostgres:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        elif pid is not None:   # not our child (taken over): wait until it is gone
+            deadline = time.monotonic() + 30
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.pid = None
         self._proc = None
 
@@ -169,11 +189,25 @@ class LocalPostgres:
             shutil.rmtree(self.datadir.parent, ignore_errors=True)
 
     def __enter__(self) -> LocalPostgres:
-        self.start()
+        try:
+            self.start()
+        except BaseException:   # a start that failed or was interrupted leaves nothing
+            self.destroy()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from .config import ProxyConfig
 from .protocol import codec
@@ -40,11 +41,19 @@ class UpstreamAddress:
 
     @classmethod
     def from_dsn(cls, dsn: str) -> UpstreamAddress:
+        """The address libpq would connect to for ``dsn``: ``hostaddr`` over ``host``, and
+        what the DSN leaves out from libpq's defaults (``PGHOST``, ``PGPORT``,
+        ``PGHOSTADDR``; found: with the host in PGHOST only, service connections reached
+        the server but clients were relayed to /var/run/postgresql). One host only
+        (``config`` refuses several)."""
         info = psycopg.conninfo.conninfo_to_dict(dsn)
-        host = str(info.get("host") or info.get("hostaddr") or "/var/run/postgresql")
-        host = host.split(",")[0]
-        port = int(str(info.get("port") or 5432).split(",")[0])
-        return cls(host, port)
+        defaults = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.get_defaults()
+                    if o.val is not None}
+
+        def given(key: str) -> str | None:
+            return str(info.get(key) or "") or defaults.get(key)
+        host = given("hostaddr") or given("host") or "/var/run/postgresql"
+        return cls(host.split(",")[0], int((given("port") or "5432").split(",")[0]))
 
 
 class ClientProtocol(asyncio.Protocol):
