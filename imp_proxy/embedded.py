@@ -68,6 +68,7 @@ class LocalPostgres:
     throwaway: bool = True
     pid: int | None = None
     _proc: subprocess.Popen[bytes] | None = None
+    _spawning: bool = False   # start() reached its Popen (which a signal may interrupt)
 
     @classmethod
     def throwaway_cluster(cls, **kwargs: object) -> LocalPostgres:
@@ -116,17 +117,20 @@ class LocalPostgres:
         for k, v in opts.items():
             argv += ["-c", f"{k}={v}"]
         logfile = open(self.datadir.parent / "server.log", "ab")  # noqa: SIM115
+        self._spawning = True
         self._proc = subprocess.Popen(_as_server_user(argv), stdout=logfile, stderr=logfile,
                                       start_new_session=True)
         logfile.close()
         self._wait_ready(timeout)
         self.pid = self._server_pid()
 
-    def _spawned_pid(self, timeout: float = 10.0) -> int | None:
+    def _spawned_pid(self, timeout: float = 5.0) -> int | None:
         """The PID of the postmaster :meth:`start` spawned, once it wrote ``postmaster.pid``
-        (a start interrupted at once may not have yet); None when it exited first."""
+        (a start interrupted at once may not have yet; a signal inside ``Popen`` may even
+        leave no ``_proc``: found, a cluster left running now and then); None when it exited
+        first or wrote nothing in ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self._proc is not None and self._proc.poll() is None \
+        while (self._proc is None or self._proc.poll() is None) \
                 and time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 return self._server_pid()
@@ -160,7 +164,7 @@ class LocalPostgres:
         """Stops the postmaster by PID (SIGINT = fast shutdown) and waits for it; also one
         this object spawned that never became ready (its PID from ``postmaster.pid``)."""
         sig = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
-        pid = self.pid if self.pid is not None or self._proc is None else self._spawned_pid()
+        pid = self.pid if self.pid is not None or not self._spawning else self._spawned_pid()
         if pid is not None:
             try:
                 os.kill(pid, sig)
@@ -178,6 +182,7 @@ class LocalPostgres:
                 time.sleep(0.05)
         self.pid = None
         self._proc = None
+        self._spawning = False
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
