@@ -250,10 +250,10 @@ class DataDirBusy(EmbeddedPostgresError):
 
 
 @contextlib.contextmanager
-def _data_dir_lock(data_dir: Path) -> Iterator[bool]:
+def _data_dir_lock(data_dir: Path) -> Iterator[None]:
     """Holds ``data_dir``'s lock (``imp-proxy.lock``, written with this pid) while inside;
-    yields False when another process holds it. The holder owns the embedded cluster: it
-    starts (or takes over) and stops it."""
+    raises :class:`DataDirBusy` when another process holds it. The holder owns the embedded
+    cluster: it starts (or takes over) and stops it."""
     path = data_dir / "imp-proxy.lock"
     with path.open("a+") as f:
         try:
@@ -266,7 +266,7 @@ def _data_dir_lock(data_dir: Path) -> Iterator[bool]:
         f.write(str(os.getpid()))
         f.flush()
         try:
-            yield True
+            yield
         finally:
             f.truncate(0)
             fcntl.flock(f, fcntl.LOCK_UN)
@@ -307,8 +307,7 @@ def _embedded(datadir: Path) -> Iterator[str]:
     running = _postmaster(datadir)
     if running is not None:
         log.info("taking over the embedded PostgreSQL on port %d (%s)", running[1], datadir)
-        pg = LocalPostgres(datadir=datadir, port=running[1], throwaway=False)
-        pg.pid = running[0]
+        pg = LocalPostgres(datadir=datadir, port=running[1], throwaway=False, pid=running[0])
     else:
         pg = LocalPostgres(datadir=datadir, throwaway=False)
         log.info("starting the embedded PostgreSQL in %s on port %d", datadir, pg.port)

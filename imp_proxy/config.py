@@ -154,7 +154,7 @@ def _library_settings(current: tuple[tuple[str, str], ...], value: Any,
                       origin: str) -> tuple[tuple[str, str], ...]:
     """Merges a TOML ``[library]`` table or CLI ``NAME=VALUE`` strings into ``current``."""
     merged = dict(current)
-    if isinstance(value, str) or not isinstance(value, Mapping | list | tuple):
+    if not isinstance(value, Mapping | list | tuple):   # e.g. TOML library = 5
         raise ConfigError(f"{origin}: library settings must be a table ([library])")
     if isinstance(value, Mapping):
         merged.update({str(k): str(v).lower() if isinstance(v, bool) else str(v)

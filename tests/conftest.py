@@ -6,12 +6,30 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from imp_proxy.embedded import EmbeddedPostgresError, LocalPostgres
+
+
+def server_pids(marker: str) -> list[int]:
+    """PIDs of the PostgreSQL processes (a postmaster, its children, or ``runuser`` starting
+    one) whose command line contains ``marker`` (a data directory, ``port=N``); never an
+    ``imp-proxy``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and "postgres" in cmd and "imp-proxy" not in cmd:
+            pids.append(int(proc.name))
+    return pids
 
 
 @pytest.fixture(scope="session")

@@ -15,25 +15,12 @@ import pytest
 
 from imp_proxy import embedded
 from imp_proxy.embedded import LocalPostgres
+from tests.conftest import server_pids
 
 
 def test_throwaway_cluster_answers(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     row = conn.execute("SHOW server_version_num").fetchone()
     assert row is not None and int(str(row[0])) // 10000 == 15
-
-
-def _postmasters_of(datadir: Path) -> list[int]:
-    """PIDs of the processes whose command line names ``datadir``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(datadir).encode() in cmd:   # the postmaster, or runuser starting it
-                found.append(int(proc.name))
-    return found
 
 
 def test_a_start_interrupted_inside_popen_leaves_no_server(
@@ -58,9 +45,9 @@ def test_a_start_interrupted_inside_popen_leaves_no_server(
             pg.start()
         pg.stop()   # what the serve's finally does
         time.sleep(2)   # a server left behind has started by now
-        assert not _postmasters_of(pg.datadir)
+        assert not server_pids(str(pg.datadir))
     finally:
-        for pid in _postmasters_of(pg.datadir):   # the old code's leftover, by PID
+        for pid in server_pids(str(pg.datadir)):   # the old code's leftover, by PID
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGQUIT)
         shutil.rmtree(base, ignore_errors=True)

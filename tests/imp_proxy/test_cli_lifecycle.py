@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from imp_proxy.config import ConfigError, load_config
+from tests.conftest import server_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 EXE = str(ROOT / ".venv" / "bin" / "imp-proxy")
@@ -79,31 +80,16 @@ class Serve:
         return self.proc.returncode
 
 
-def postgres_pids(marker: str) -> list[int]:
-    """PIDs of processes whose command line mentions ``marker`` (our unique temp dir)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and "postgres" in cmd and "imp-proxy" not in cmd:
-            pids.append(int(d.name))
-    return pids
-
-
 def kill_postgres(marker: str) -> None:
-    for pid in postgres_pids(marker):
+    for pid in server_pids(marker):
         try:
             os.kill(pid, signal.SIGQUIT)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 10
-    while postgres_pids(marker) and time.monotonic() < deadline:
+    while server_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in postgres_pids(marker):
+    for pid in server_pids(marker):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -217,14 +203,14 @@ def test_killed_proxy_then_serve_again(data_dir: Path) -> None:
         s.wait_listening(90)
     finally:
         s.stop(signal.SIGKILL)
-    assert postgres_pids(str(data_dir))  # orphan postgres keeps running (expected)
+    assert server_pids(str(data_dir))  # orphan postgres keeps running (expected)
     s2 = Serve("--listen", "127.0.0.1:0", "--data-dir", str(data_dir), "--no-sketches")
     try:
         assert_serves(s2)
         assert s2.stop() == 0
     finally:
         s2.stop(signal.SIGKILL)
-    left = postgres_pids(str(data_dir))
+    left = server_pids(str(data_dir))
     assert not left, ("reused orphan cluster left running after serve exit", s2.output())
 
 
@@ -248,7 +234,7 @@ def test_a_second_serve_of_one_data_dir_is_refused(data_dir: Path) -> None:
         assert a.stop() == 0
     finally:
         a.stop()
-    assert not postgres_pids(str(data_dir))
+    assert not server_pids(str(data_dir))
 
 
 @pytest.mark.slow
@@ -279,7 +265,7 @@ def test_signal_while_embedded_server_starts_leaves_nothing(data_dir: Path, sig:
         s.proc.send_signal(sig)
         s.proc.wait(30)
         time.sleep(2)
-        left = postgres_pids(str(data_dir))
+        left = server_pids(str(data_dir))
     finally:
         s.stop(signal.SIGKILL)
     assert not left, (left, s.proc.returncode, s.output()[-1500:])
@@ -333,7 +319,7 @@ def test_sighup_leaves_no_embedded_server(data_dir: Path) -> None:
         s.proc.send_signal(signal.SIGHUP)
         s.proc.wait(30)
         time.sleep(1)
-        left = postgres_pids(str(data_dir))
+        left = server_pids(str(data_dir))
     finally:
         s.stop(signal.SIGKILL)
     assert s.proc.returncode == 0 and not left, (s.proc.returncode, left, s.output()[-1000:])
@@ -375,18 +361,18 @@ def test_demo_keep_running_stopped_by_signal_leaves_nothing(tmp_path: Path, sig:
         m = re.search(r"PostgreSQL: postgresql://postgres@127\.0\.0\.1:(\d+)/", out)
         assert m, out
         marker = f"port={m.group(1)}"
-        assert postgres_pids(marker)
+        assert server_pids(marker)
         proc.send_signal(sig)
         proc.wait(60)
         time.sleep(1)
-        left = postgres_pids(marker)
+        left = server_pids(marker)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if marker:
             dirs = set()
-            for pid in postgres_pids(marker):
+            for pid in server_pids(marker):
                 with contextlib.suppress(OSError):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                     if b"-D" in cmd:
