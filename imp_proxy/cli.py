@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "local PostgreSQL under --data-dir is started (and "
                                        "reused on the next run).")
     serve.add_argument("--listen", metavar="HOST:PORT",
-                       help="address to listen on (default 127.0.0.1:6432; env IMP_LISTEN)")
+                       help="address to listen on: HOST:PORT, [IPv6]:PORT or PORT alone "
+                            "(on 127.0.0.1; default 127.0.0.1:6432; env IMP_LISTEN)")
     serve.add_argument("--upstream", metavar="DSN",
                        help="PostgreSQL to relay to, e.g. postgresql://user@host:5432/db; its "
                             "host/port receive the clients, its user/password are used for "

@@ -62,11 +62,16 @@ def default_data_dir() -> Path:
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces of 127.0.0.1 by default)."""
+    """``host:port``, ``[v6]:port``, ``:port`` or a bare ``port`` (the last two on
+    127.0.0.1, as the default)."""
     value = value.strip()
-    if value.startswith("["):
+    if value.isdigit():
+        host, port_s = "", value
+    elif value.startswith("["):
         host, _, rest = value[1:].partition("]")
-        port_s = rest.lstrip(":")
+        if not rest.startswith(":"):
+            raise ConfigError(f"listen address {value!r} is not [host]:port")
+        port_s = rest[1:]
     else:
         host, sep, port_s = value.rpartition(":")
         if not sep:

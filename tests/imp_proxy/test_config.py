@@ -46,9 +46,17 @@ def test_precedence(tmp_path: Path) -> None:
     assert dict(cfg.library)["capture_after"] == "5"
 
 
+def test_listen_forms() -> None:
+    assert parse_listen("6433") == ("127.0.0.1", 6433)
+    assert parse_listen(" :6434 ") == ("127.0.0.1", 6434)
+    assert parse_listen("0.0.0.0:6435") == ("0.0.0.0", 6435)
+    assert parse_listen("[::1]:6436") == ("::1", 6436)
+    for bad in ("nohost", "[::1]6437", "[::1]", "host:", "host:99999", "-1", "6x"):
+        with pytest.raises(ConfigError):
+            parse_listen(bad)
+
+
 def test_invalid_values(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError):
-        parse_listen("nohost")
     with pytest.raises(ConfigError):
         load_config({"service_pool_size": 0}, env={})
     with pytest.raises(ConfigError):
