@@ -10,12 +10,14 @@ the ``postgres`` user via ``runuser``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -28,6 +30,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PG_BIN = Path(os.environ.get("IMP_PG_BIN", "/usr/lib/postgresql/15/bin"))
+_SOCKET_PATH_MAX = 107
+"""The longest Unix socket path PostgreSQL accepts (``sun_path`` less its NUL, on Linux)."""
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -78,7 +82,14 @@ class LocalPostgres:
 
     @property
     def socket_dir(self) -> Path:
-        return self.datadir.parent / "sock"
+        """``sock`` next to the data directory; when a socket there would exceed
+        :data:`_SOCKET_PATH_MAX` (a deep data directory), a directory in the temporary
+        directory named for the data directory's path, so the same cluster finds it again."""
+        own = self.datadir.parent / "sock"
+        if len(os.fsencode(own / ".s.PGSQL.65535")) <= _SOCKET_PATH_MAX:
+            return own
+        digest = hashlib.sha256(os.fsencode(self.datadir.absolute())).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"imp-sock-{digest}"
 
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
@@ -104,8 +115,7 @@ class LocalPostgres:
 
     def start(self, timeout: float = 30.0) -> None:
         self.initdb()
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        _chown_to_server_user(self.socket_dir)
+        self._make_socket_dir()
         opts = {
             "port": str(self.port), "listen_addresses": "127.0.0.1",
             "unix_socket_directories": str(self.socket_dir), "fsync": "off",
@@ -123,6 +133,20 @@ class LocalPostgres:
         logfile.close()
         self._wait_ready(timeout)
         self.pid = self._server_pid()
+
+    def _make_socket_dir(self) -> None:
+        """Creates :attr:`socket_dir` for the server user; one found that is a symbolic link
+        or belongs to another user is refused (the fallback sits in a shared directory)."""
+        path = self.socket_dir
+        path.mkdir(parents=True, exist_ok=True)
+        st = path.lstat()
+        owners = {os.geteuid()}
+        if os.geteuid() == 0:
+            owners.add(pwd.getpwnam("postgres").pw_uid)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
+            raise EmbeddedPostgresError(f"socket directory {path} is not a directory of "
+                                        "this user's or of the server's")
+        _chown_to_server_user(path)
 
     def _spawned_pid(self, timeout: float = 5.0) -> int | None:
         """The PID of the postmaster :meth:`start` spawned, once it wrote ``postmaster.pid``
@@ -192,6 +216,7 @@ class LocalPostgres:
         self.stop()
         if self.throwaway:
             shutil.rmtree(self.datadir.parent, ignore_errors=True)
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalPostgres:
         try:
