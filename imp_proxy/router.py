@@ -25,6 +25,7 @@ from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sketches.background import service_session
+from sketches.lookup import EFFECTIVE_SEARCH_PATH
 from sketches.pipelined import PREPARE_WHEN_ASKED
 
 from .admin import AdminError
@@ -134,6 +135,17 @@ def _settings_differ(client: tuple[str, ...], service: tuple[str, ...]) -> Prepa
 
 _READ_UNREPORTED = pgsql.SQL("SELECT {}").format(pgsql.SQL(", ").join(
     pgsql.SQL(setting_sql(n)) for n in UNREPORTED_SETTINGS))
+_READ_UNREPORTED_AND_PATH = pgsql.SQL("SELECT {}").format(pgsql.SQL(", ").join(
+    [*(pgsql.SQL(setting_sql(n)) for n in UNREPORTED_SETTINGS),
+     pgsql.SQL(EFFECTIVE_SEARCH_PATH)]))
+"""The unreported settings, then the search_path the service role resolves names through
+once the client's is set: PostgreSQL leaves out the schemas a role may not use."""
+
+
+def _path_differs(client: str, service: str) -> PrepareOutcome:
+    return PrepareOutcome("passthrough", f"the service role resolves names through "
+                          f"{service!r}, not the session's {client!r} (it may not use a "
+                          "schema there): it would read other tables or operators", None, None)
 
 
 class PerDatabase:
@@ -502,14 +514,19 @@ class Router:
             if lock_timeout != "0":
                 setup.append(pgsql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
                     pgsql.Literal(lock_timeout)))
-            setup.append(_READ_UNREPORTED)
+            setup.append(_READ_UNREPORTED if search_path is None else _READ_UNREPORTED_AND_PATH)
             prepared = False
             try:
                 cur = conn.execute(pgsql.SQL("; ").join(setup))
                 while cur.nextset():   # to the last statement's row
                     pass
-                row = cur.fetchone()
-                own = reported + tuple(str(v) for v in row or ())
+                row: tuple[Any, ...] = cur.fetchone() or ()
+                if search_path is not None:
+                    row, path = row[:-1], row[-1]
+                    if path != search_path:
+                        conn.execute("ROLLBACK")
+                        return _path_differs(search_path, str(path))
+                own = reported + tuple(str(v) for v in row)
                 self._service_settings[dbname] = own
                 differ = None if settings is None else self._temporal_only(dbname, settings, own)
                 if differ is None and settings is not None and settings != own:
