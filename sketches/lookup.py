@@ -105,6 +105,29 @@ schema and pg_catalog where they are searched. Set on another session, it resolv
 names to the same relations; the setting's own text (``"$user", public``) does not."""
 
 
+_PATH_ELEMENT = re.compile(r'"(?:[^"]|"")*"|[^",\s]+')
+
+
+def search_path_schemas(path: str) -> list[str] | None:
+    """The schema names of a :data:`EFFECTIVE_SEARCH_PATH` value (``quote_ident`` output
+    joined by ``, ``), for a comparison with another session's ``current_schemas(true)``;
+    None for a text that is no such value."""
+    names: list[str] = []
+    pos = 0
+    while pos < len(path):
+        if names:
+            if not path.startswith(", ", pos):
+                return None
+            pos += 2
+        m = _PATH_ELEMENT.match(path, pos)
+        if m is None:
+            return None
+        token = m.group()
+        names.append(token[1:-1].replace('""', '"') if token.startswith('"') else token)
+        pos = m.end()
+    return names
+
+
 SERVER_STARTED = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text"
 """SQL for the server's start time as its epoch, which reads the same in every session (its
 timestamptz text follows the session's TimeZone and DateStyle): a change means PostgreSQL

@@ -255,3 +255,24 @@ def test_a_citext_column_compared_with_text_off_the_path(own_code: psycopg.Conne
     finally:
         own_code.execute("ALTER EXTENSION citext SET SCHEMA public")
         own_code.execute("DROP SCHEMA own_ext CASCADE")
+
+
+def test_search_path_schemas_read_back_what_postgresql_quoted(
+        conn: psycopg.Connection[Any]) -> None:
+    """The schemas of an effective search_path, as PostgreSQL's ``quote_ident`` printed
+    them: names with commas, spaces, quotes, capitals and non-ASCII letters come back
+    whole, so the service connection compares the very schemas (a schema ``"a, b"`` is not
+    ``a`` and ``b``)."""
+    names = ["public", "a, b", 'say "hi"', "Tenant", "ünï", "x$1", "select"]
+    with conn.transaction(force_rollback=True):
+        for n in names[1:]:
+            conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(n)))
+        conn.execute("SELECT set_config('search_path', %s, true)",
+                     (", ".join(psycopg.sql.Identifier(n).as_string(conn) for n in names),))
+        row = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH + ", current_schemas(true)"
+                           ).fetchone()
+        assert row is not None
+        assert lookup.search_path_schemas(row[0]) == list(row[1]) == ["pg_catalog", *names]
+    assert lookup.search_path_schemas("") == []
+    for bad in ('"open', "a,b", "a, ", ", a", 'a "b"'):
+        assert lookup.search_path_schemas(bad) is None, bad
