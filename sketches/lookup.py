@@ -174,7 +174,8 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
     query = _relations_query(tuple((t.schema, t.name) for t in tables),
                              tuple(sorted(analysis.routines | GENERATED_ROUTINES)),
                              tuple(sorted(analysis.operators | GENERATED_OPERATORS)),
-                             tuple(sorted(analysis.types)), columns)
+                             tuple(sorted(analysis.types)), columns,
+                             tuple(sorted(analysis.collations)))
     oids, names = [0] * len(tables), [("", "")] * len(tables)
     rows = pipelined.fetch(conn, query)
     for i, relkind, rls, oid, schema, name, persistence, shadowing, _free in rows:
@@ -283,6 +284,10 @@ _SHADOWING = psql.SQL(
     + _REACHED.format(args="ARRAY[o.oprleft, o.oprright]", written=_USER_WRITTEN.format(f="c"))
     + ")"
     " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1),"
+    " (SELECT format('collation %s: not one of PostgreSQL''s own, a session may resolve its"
+    "   name to another (its search_path), or it may be made anew', c.n)"
+    "  FROM unnest({collations}::text[]) AS c(n)"
+    "  WHERE coalesce(to_regcollation(c.n)::oid, 16384) >= 16384 LIMIT 1),"
     " (SELECT format('cast to %s: the query may run code that is not PostgreSQL''s own',"
     "   y.oid::regtype)"
     "  FROM unnest({types}::text[]) AS c(n) JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(c.n)"
@@ -316,6 +321,10 @@ not PostgreSQL's built-in one on the session's search_path, else NULL:
 * a user-created cast function in such a language converts from or to one of the query's
   user-created types (PostgreSQL applies an implicit one unasked: ``sum(e)`` on an enum with
   ``CREATE CAST (mood AS int) WITH FUNCTION … AS IMPLICIT``).
+* a ``COLLATE`` clause names a collation that is not PostgreSQL's own (made by initdb):
+  its name may find another collation under another search_path, or one made anew after
+  the capture, while the sketch is keyed on the tables only (found: a sketch captured under
+  a sv-SE ``coll`` served a session whose ``coll`` was de-DE, 4 groups instead of 5).
 
 16384: PostgreSQL's first user object id — only objects above it are read, down the oid
 index: a database has few.
@@ -373,7 +382,8 @@ _RELATIONS = psql.SQL(
 @lru_cache(maxsize=256)
 def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple[str, ...],
                      operators: tuple[str, ...], types: tuple[str, ...],
-                     columns: tuple[tuple[int, str | None], ...]) -> str:
+                     columns: tuple[tuple[int, str | None], ...],
+                     collations: tuple[str, ...] = ()) -> str:
     """Kind, row-level security, oid, resolved name and persistence of each table (schema,
     name; in one round trip, in order), with the two checks of the whole query: shadowing
     (:data:`_SHADOWING`) and :data:`_SETTINGS_FREE` over ``columns`` ((table position from 1,
@@ -387,7 +397,8 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
     names = psql.Literal([n for _s, n in tables])
     shadowing = _SHADOWING.format(routines=psql.Literal(list(routines)),
                                   operators=psql.Literal(list(operators)),
-                                  types=psql.Literal(list(types)), schemas=schemas, names=names)
+                                  types=psql.Literal(list(types)), schemas=schemas, names=names,
+                                  collations=psql.Literal(list(collations)))
     return _RELATIONS.format(schemas=schemas, names=names, shadowing=shadowing,
                              types=psql.Literal(list(types)),
                              read_tables=psql.Literal([i for i, _c in columns]),

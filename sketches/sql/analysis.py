@@ -112,6 +112,7 @@ class _Analyser:
         self.routines: set[str] = set()
         self.operators: set[str] = set()
         self.types: set[str] = set()
+        self.collations: set[str] = set()
         self.calls: set[str] = set()
         self.column_cache: dict[int, frozenset[str] | None] = {}
         self.resolved = True
@@ -138,7 +139,8 @@ class _Analyser:
             order_by=order_by, limit=self._limit(stmt), distinct=bool(stmt.distinctClause),
             select=select, params=tuple(sorted(self.params)), resolved=self.resolved,
             routines=frozenset(self.routines), operators=frozenset(self.operators),
-            types=frozenset(self.types), calls=frozenset(self.calls))
+            types=frozenset(self.types), calls=frozenset(self.calls),
+            collations=frozenset(self.collations))
 
     def _check_select(self, stmt: ast.SelectStmt, subquery: bool = False) -> None:
         checks = [
@@ -394,6 +396,9 @@ class _Analyser:
             raise UnsupportedQuery("CURRENT_DATE/CURRENT_USER-like function")
         elif isinstance(node, ast.TypeCast):
             self._cast_type(node.typeName)
+        elif isinstance(node, ast.CollateClause):
+            self.collations.add(".".join('"' + n.sval.replace('"', '""') + '"'
+                                         for n in node.collname))
         elif isinstance(node, ast.String) and reads_the_clock(node.sval):
             raise UnsupportedQuery(f"literal {node.sval!r} reads the clock")
         elif not isinstance(node, PLAIN_NODES):

@@ -151,6 +151,9 @@ class QueryAnalysis:
     types: frozenset[str] = frozenset()
     """The type names of the query's casts, as written (a name without a schema is looked up
     on the search_path)."""
+    collations: frozenset[str] = frozenset()
+    """The collation names of the query's COLLATE clauses, each part double-quoted (a name
+    without a schema is looked up on the search_path)."""
 
     def columns_read(self) -> tuple[ColumnRef, ...] | None:
         """Every base column the query reads, in first-read order; None when it reads them

@@ -411,6 +411,48 @@ def test_a_path_the_service_role_may_not_use_never_serves_a_sketch(
         assert dict(p.execute(f"IMP EXPLAIN {q}").fetchall())["decision"] == "use"
 
 
+COLL_Q = ("SELECT w, count(*) FROM ct WHERE s < 'b' COLLATE coll GROUP BY w"
+          " HAVING count(*) > 5 ORDER BY w")
+
+
+@pytest.mark.parametrize("how", ["another session's search_path", "made anew"])
+def test_a_collation_the_query_names_never_serves_another(
+        fresh_db: Any, sketch_proxy: ProxyProcess, how: str) -> None:
+    """``COLLATE coll`` names the collation the search_path finds: sv-SE (``'äpfel'`` sorts
+    after ``'z'``) for one session, de-DE (before ``'b'``) for another, or de-DE once the
+    collation was dropped and made anew. The sketch captured under the first served the
+    other (found by a helper's search in session 24: 4 groups instead of 5). A query naming
+    a collation that is not PostgreSQL's own passes through; one naming a built-in
+    collation keeps its sketch."""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA a")
+        c.execute("CREATE SCHEMA b")
+        c.execute("CREATE COLLATION a.coll (provider = icu, locale = 'sv-SE')")
+        c.execute("CREATE COLLATION b.coll (provider = icu, locale = 'de-DE')")
+        c.execute("CREATE TABLE ct (id serial PRIMARY KEY, s text, w int)")
+        c.execute("INSERT INTO ct (s, w) SELECT CASE WHEN g = 1 THEN 'äpfel' WHEN g % 2 = 0"
+                  " THEN 'apple' ELSE 'zoo' END, g FROM generate_series(1, 9) g,"
+                  " generate_series(1, 20)")
+        c.execute("ANALYZE ct")
+    with _sessions_on_path(dsn, sketch_proxy.port, "a, public") as (p, d):
+        for _ in range(3):
+            _same_rows(p, d, COLL_Q, "a")
+    if how == "made anew":
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("DROP COLLATION a.coll")
+            c.execute("CREATE COLLATION a.coll (provider = icu, locale = 'de-DE')")
+    path = "b, public" if how == "another session's search_path" else "a, public"
+    with _sessions_on_path(dsn, sketch_proxy.port, path) as (p, d):
+        for _ in range(3):
+            _same_rows(p, d, COLL_Q, path)
+        assert dict(p.execute(f"IMP EXPLAIN {COLL_Q}").fetchall())["decision"] == "passthrough"
+        builtin = COLL_Q.replace("COLLATE coll", 'COLLATE "de-x-icu"')
+        for _ in range(3):
+            _same_rows(p, d, builtin, "built-in")
+        assert dict(p.execute(f"IMP EXPLAIN {builtin}").fetchall())["decision"] == "use"
+
+
 def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch(
         fresh_db: Any, sketch_proxy: ProxyProcess) -> None:
     """``'2020-01-01 00:00'`` is another instant in another TimeZone: a session whose
