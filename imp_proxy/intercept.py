@@ -112,6 +112,30 @@ class Fallback(Exception):
     """The wrapping cannot go on; the client's original messages are sent instead."""
 
 
+class Answered(Fallback):
+    """The wrapping's lock wait was cancelled (``statement_timeout``, ``pg_cancel_backend``):
+    PostgreSQL's ErrorResponse ``error`` answers the client's query, as it would have ended
+    the query's own wait the same way (a cancel carries no position), instead of the query
+    being sent to wait once more. The proxy's transaction is rolled back."""
+
+    def __init__(self, error: bytes) -> None:
+        super().__init__("the lock wait was cancelled")
+        self.error = error
+
+
+_IDLE_READY = codec.encode_ready_for_query("I")
+QUERY_CANCELED = "57014"
+WRONG_OBJECT_TYPE = "42809"   # LOCK TABLE of a materialized view or a foreign table
+
+
+def _answer(s: Session, exc: Answered) -> None:
+    """The client's query (a simple Query or a batch up to its Sync) answered with
+    ``exc.error``: PostgreSQL fails a query's Parse or Bind that way, before anything else
+    of it is answered, and skips to the Sync."""
+    s.router.count("fallbacks")
+    s.client.write(exc.error + _IDLE_READY)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchShape:
     """A ``[Parse] Bind [Describe] Execute Sync`` batch found in the client's bytes."""
@@ -343,7 +367,9 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     left the proxy's record stale), so PostgreSQL answers the client's messages itself.
     ``drop_unnamed``: first Close the client's unnamed statement, as PostgreSQL does for the
     client's simple Query being wrapped, whichever way the wrapping ends."""
-    payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*BEGIN_SNAPSHOT)
+    lock = (await s.router.classify(sql)).lock
+    begin = BEGIN_SNAPSHOT if lock is None else (BEGIN_SNAPSHOT[0], lock, BEGIN_SNAPSHOT[1])
+    payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:
         payload += _probe(sql, types, verify)
     replies = await s.exchange_with_upstream(payload + codec.encode_sync(), 1)
@@ -351,7 +377,13 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
     if err is not None or not rows or rows[0].values[0] is None:
         await _rollback(s)
-        raise Fallback(f"snapshot export failed: {err}")
+        codes = {codec.decode_error_fields(m).fields.get("C"): m
+                 for t, m in replies if t == ERROR_RESPONSE}
+        if QUERY_CANCELED in codes and not s.cancelled:
+            raise Answered(codes[QUERY_CANCELED])
+        if WRONG_OBJECT_TYPE in codes:
+            s.router.refuse(sql, f"LOCK TABLE refused its relations: {err}")
+        raise Fallback(f"the wrapping's BEGIN, LOCK or snapshot export failed: {err}")
     snapshot = rows[0].values[0].decode()
     search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
     text = rows[0].values[2]
@@ -543,6 +575,9 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
     try:
         try:
             outcome, _ = await begin_and_prepare(s, sql, None, (), drop_unnamed=True)
+        except Answered as exc:
+            _answer(s, exc)
+            return
         except Fallback as exc:
             if not s.cancelled or not await _cancelled(s, b"", b"", b""):
                 _fell_back(s, raw, exc)
@@ -581,6 +616,9 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
                     or _highest_parameter(outcome.instrumented_sql) > len(types):
                 await _rollback(s)
                 raise Fallback("instrumented SQL takes other parameters than the client binds")
+        except Answered as exc:
+            _answer(s, exc)
+            return
         except Fallback as exc:
             client_part = shape.parse_raw + codec.encode_bind(shape.bind) + shape.describe_raw
             if not s.cancelled or not await _cancelled(s, client_part, shape.execute_raw,

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from sketches.background import service_session
+from sketches.background import SERVICE_LOCK_WAIT, service_session
 from sketches.lookup import search_path_schemas
 from sketches.pipelined import PREPARE_WHEN_ASKED
 
@@ -78,6 +78,8 @@ class Decision:
     candidate: bool
     reason: str
     template: str | None = None
+    lock: str | None = None
+    """``LOCK TABLE … IN ACCESS SHARE MODE`` of the query's tables (:func:`lock_statement`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,24 @@ def _path_differs(client: str) -> PrepareOutcome:
     return PrepareOutcome("passthrough", f"the service role does not resolve names through "
                           f"the session's search_path {client!r} (it may not use a schema "
                           "there): it would read other tables or operators", None, None)
+
+
+def lock_statement(tables: Sequence[tuple[str | None, str]]) -> str | None:
+    """``LOCK TABLE`` of ``tables`` (schema or None, name) ``IN ACCESS SHARE MODE``, the lock
+    the query itself takes; None without tables.
+
+    Why: PostgreSQL takes an autocommit query's snapshot once the query holds its locks, so
+    a query that waited behind a TRUNCATE or an ALTER reads what that transaction committed.
+    The wrapping's REPEATABLE READ snapshot was taken before: after a wait behind a
+    ``TRUNCATE; INSERT …`` the instrumented query read the new, to its snapshot empty, table
+    (found by a helper's search in session 24: no rows instead of 60 groups). ``LOCK`` takes
+    no snapshot, so it goes between ``BEGIN`` and the snapshot's export."""
+    if not tables:
+        return None
+    names = [pgsql.Identifier(name) if schema is None else pgsql.Identifier(schema, name)
+             for schema, name in tables]
+    return pgsql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+        pgsql.SQL(", ").join(names)).as_string()
 
 
 class PerDatabase:
@@ -415,6 +435,11 @@ class Router:
 
     # ---- worker-thread calls --------------------------------------------------------------
 
+    def refuse(self, sql: str, reason: str) -> None:
+        """From now on ``sql`` is no candidate (while its decision stays cached): its tables
+        cannot be locked as the wrapping must (a materialized view, a foreign table)."""
+        self._cache[sql] = Decision(False, reason)
+
     async def classify(self, sql: str) -> Decision:
         d = self.cached(sql)
         if d is not None:
@@ -435,7 +460,8 @@ class Router:
         except Exception as exc:  # noqa: BLE001 - any library failure means: pass through
             log.warning("classify failed, passing through: %s", exc)
             return Decision(False, f"classify failed: {exc}")
-        return Decision(bool(c.candidate), str(c.reason), c.template)
+        return Decision(bool(c.candidate), str(c.reason), c.template,
+                        lock_statement(getattr(c, "tables", ())))
 
     async def prepare(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                       params: Sequence[object] | None, explain: bool = False,
@@ -516,9 +542,11 @@ class Router:
             if search_path is not None:
                 setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
                     pgsql.Literal(search_path)))
-            if lock_timeout != "0":
-                setup.append(pgsql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
-                    pgsql.Literal(lock_timeout)))
+            if lock_timeout != "0":   # a shorter one than the service connection's
+                setup.append(pgsql.SQL(
+                    "SELECT set_config('lock_timeout', CASE WHEN {c}::interval < {b}::interval"
+                    " THEN {c} ELSE {b} END, true)").format(
+                        c=pgsql.Literal(lock_timeout), b=pgsql.Literal(SERVICE_LOCK_WAIT)))
             schemas = None if search_path is None else search_path_schemas(search_path)
             if search_path is not None and schemas is None:
                 return _path_differs(search_path)

@@ -77,6 +77,15 @@ MAX_STATEMENT_CHARS = 1 << 20
 """Characters of statement text a session records."""
 
 
+def _ends_session(error: bytes) -> bool:
+    """An ErrorResponse of severity FATAL or PANIC: PostgreSQL closes the connection after
+    it. Why it matters: inside the proxy's own exchanges replies are swallowed, and such an
+    error (``pg_terminate_backend`` while a wrapping waits for a lock) never reached the
+    client, which saw the connection closed without PostgreSQL's 57P01."""
+    fields = codec.decode_error_fields(error).fields
+    return fields.get("V", fields.get("S")) in ("FATAL", "PANIC")
+
+
 class Phase(enum.Enum):
     STARTUP = "startup"
     CONNECTING = "connecting"
@@ -565,6 +574,11 @@ class Session(LocalAdmin):
         for typ, msg in msgs:
             if ex is None:
                 out.append(msg)
+            elif typ == ERROR_RESPONSE and _ends_session(msg):
+                out.append(msg)   # the backend ends the session: the client hears why
+                ex.messages.append((typ, msg))
+                ex.skip = ex.forward = 0
+                ex.held = None
             elif typ == READY_FOR_QUERY:
                 ex.messages.append((typ, msg))
                 ex.ready_left -= 1

@@ -46,13 +46,25 @@ LOCK_WAIT = 0.05
 GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
 
 
+SERVICE_LOCK_WAIT = "2s"
+"""The longest a connection of the proxy's own waits for a lock (its ``lock_timeout``; a
+client's shorter one is taken for a query's prepare)."""
+
+
 def service_session(conn: psycopg.Connection[Any]) -> None:
     """Sets up a connection of the proxy's own (a service or maintenance connection): no
     ``idle_in_transaction_session_timeout``, which a database or role default may set for
     clients. Its transactions wait on Python between statements (a large delta's step, a
     state build), and a short timeout ended them part-way: every capture and maintenance
-    failed, and the queries passed through."""
+    failed, and the queries passed through.
+
+    ``lock_timeout`` :data:`SERVICE_LOCK_WAIT`: a wrapped query's client backend holds ACCESS
+    SHARE on the query's tables while a service connection prepares it. A TRUNCATE queued
+    behind that lock queues every later lock request on the table, a service connection's
+    too, and the wait for each other runs through the proxy, where PostgreSQL's deadlock
+    detector cannot see it; the bounded wait ends it (the query passes through)."""
     conn.execute("SET idle_in_transaction_session_timeout = 0")
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", (SERVICE_LOCK_WAIT,))
 
 
 def _names_refused(conn: psycopg.Connection[Any], entry: _Entry) -> str | None:

@@ -155,6 +155,9 @@ class Classification:
     candidate: bool
     reason: str
     template: str | None
+    tables: tuple[tuple[str | None, str], ...] = ()
+    """The relations the query names, (schema as written or None, name): the proxy locks
+    them on the client's backend before it takes the query's snapshot."""
 
 
 @dataclass(slots=True)
@@ -250,12 +253,13 @@ class SketchManager(IncrementalMaintenance):
             analysis = analyse(sql, lenient=True)
         except UnsupportedQuery as exc:
             return Classification(False, str(exc), template)
+        tables = tuple((t.schema, t.name) for t in analysis.tables)
         if not analysis.resolved:
             # Supported syntax; which attributes are safe depends on the catalog.
             return Classification(True, "columns resolved against the catalog at prepare",
-                                  template)
+                                  template, tables)
         safety = check(analysis)
-        return Classification(safety.sketchable, safety.reason, template)
+        return Classification(safety.sketchable, safety.reason, template, tables)
 
     # ---- prepare ---------------------------------------------------------------------
 

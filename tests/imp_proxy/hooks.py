@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,3 +127,21 @@ class ProbeHook:
 
 def create_hook() -> ProbeHook:
     return ProbeHook()
+
+
+def slow_sketch_manager(*args: Any, **kwargs: Any) -> Any:
+    """The sketch library's own manager, whose prepare first sleeps :data:`PREPARE_DELAY`
+    seconds: a window in which a test's other session can queue a lock behind the lock the
+    wrapping took on the client's backend, before the service connection reads anything."""
+    from sketches.manager import SketchManager
+
+    class SlowSketchManager(SketchManager):
+        def prepare(self, *a: Any, **k: Any) -> Any:
+            time.sleep(PREPARE_DELAY)
+            return super().prepare(*a, **k)
+
+    return SlowSketchManager(*args, **kwargs)
+
+
+slow_sketch_manager.PER_DATABASE = True  # type: ignore[attr-defined]
+PREPARE_DELAY = 1.5
