@@ -535,6 +535,7 @@ class SketchManager(IncrementalMaintenance):
         inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         runs = tmpl.note_values(_values(inst))
+        carried: str | None = None   # the per-sketch strategy of a sketch captured anew
         for entry in self._candidates(tmpl, inst, relations.oids):
             if not _same_values(entry.instance, inst):
                 if not self._useful(entry.sketch):
@@ -545,6 +546,8 @@ class SketchManager(IncrementalMaintenance):
             if isinstance(refreshed, str):
                 return self._passthrough(refreshed)
             if refreshed is None:
+                if _same_values(entry.instance, inst):
+                    carried = carried or entry.strategy
                 self._forget(conn, tmpl, entry)
                 continue
             if refreshed is not entry.sketch:
@@ -564,6 +567,7 @@ class SketchManager(IncrementalMaintenance):
         entry = self._capture(conn, sql, params, template, tmpl, analysis, safety,
                               relations.oids, relations.names)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
+        entry.strategy = carried   # IMP SET STRATEGY … FOR SKETCH outlives a recapture
         self._make_room(tmpl)
         tmpl.entries.insert(0, entry)
         self._uncommitted().captured.append((tmpl, entry))

@@ -1021,6 +1021,12 @@ def test_time_trigger_and_configure(conn: Conn) -> None:
         wait_for(lambda: m.stats().get("eager_maintenances", 0) >= 1)
         assert m.set_strategy(p.sketch_id or 0, "recapture")
         assert entry_of(m, p.sketch_id)["strategy"] == "recapture"
+        # the sketch captured anew for the same query keeps its per-sketch strategy (it
+        # followed the global one again: found by a helper's search in session 24)
+        conn.execute("UPDATE f SET v = v + 100 WHERE id = 18")
+        again = check(m, conn, sql, params)
+        assert again.decision == "capture" and again.sketch_id != p.sketch_id, again
+        assert entry_of(m, again.sketch_id)["strategy"] == "recapture"
     finally:
         m.close()
         reset(conn)
