@@ -112,28 +112,7 @@ class Fallback(Exception):
     """The wrapping cannot go on; the client's original messages are sent instead."""
 
 
-class Answered(Fallback):
-    """The wrapping's lock wait was cancelled (``statement_timeout``, ``pg_cancel_backend``):
-    PostgreSQL's ErrorResponse ``error`` answers the client's query, as it would have ended
-    the query's own wait the same way (a cancel carries no position), instead of the query
-    being sent to wait once more. The proxy's transaction is rolled back."""
-
-    def __init__(self, error: bytes) -> None:
-        super().__init__("the lock wait was cancelled")
-        self.error = error
-
-
-_IDLE_READY = codec.encode_ready_for_query("I")
-QUERY_CANCELED = "57014"
 WRONG_OBJECT_TYPE = "42809"   # LOCK TABLE of a materialized view or a foreign table
-
-
-def _answer(s: Session, exc: Answered) -> None:
-    """The client's query (a simple Query or a batch up to its Sync) answered with
-    ``exc.error``: PostgreSQL fails a query's Parse or Bind that way, before anything else
-    of it is answered, and skips to the Sync."""
-    s.router.count("fallbacks")
-    s.client.write(exc.error + _IDLE_READY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,11 +356,8 @@ async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tupl
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
     if err is not None or not rows or rows[0].values[0] is None:
         await _rollback(s)
-        codes = {codec.decode_error_fields(m).fields.get("C"): m
-                 for t, m in replies if t == ERROR_RESPONSE}
-        if QUERY_CANCELED in codes and not s.cancelled:
-            raise Answered(codes[QUERY_CANCELED])
-        if WRONG_OBJECT_TYPE in codes:
+        if any(t == ERROR_RESPONSE and codec.decode_error_fields(m).fields.get("C")
+               == WRONG_OBJECT_TYPE for t, m in replies):
             s.router.refuse(sql, f"LOCK TABLE refused its relations: {err}")
         raise Fallback(f"the wrapping's BEGIN, LOCK or snapshot export failed: {err}")
     snapshot = rows[0].values[0].decode()
@@ -575,9 +551,6 @@ async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
     try:
         try:
             outcome, _ = await begin_and_prepare(s, sql, None, (), drop_unnamed=True)
-        except Answered as exc:
-            _answer(s, exc)
-            return
         except Fallback as exc:
             if not s.cancelled or not await _cancelled(s, b"", b"", b""):
                 _fell_back(s, raw, exc)
@@ -616,9 +589,6 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
                     or _highest_parameter(outcome.instrumented_sql) > len(types):
                 await _rollback(s)
                 raise Fallback("instrumented SQL takes other parameters than the client binds")
-        except Answered as exc:
-            _answer(s, exc)
-            return
         except Fallback as exc:
             client_part = shape.parse_raw + codec.encode_bind(shape.bind) + shape.describe_raw
             if not s.cancelled or not await _cancelled(s, client_part, shape.execute_raw,

@@ -156,20 +156,24 @@ def _path_differs(client: str) -> PrepareOutcome:
 
 
 def lock_statement(tables: Sequence[tuple[str | None, str]]) -> str | None:
-    """``LOCK TABLE`` of ``tables`` (schema or None, name) ``IN ACCESS SHARE MODE``, the lock
-    the query itself takes; None without tables.
+    """``LOCK TABLE`` of ``tables`` (schema or None, name) ``IN ACCESS SHARE MODE NOWAIT``;
+    None without tables.
 
     Why: PostgreSQL takes an autocommit query's snapshot once the query holds its locks, so
-    a query that waited behind a TRUNCATE or an ALTER reads what that transaction committed.
-    The wrapping's REPEATABLE READ snapshot was taken before: after a wait behind a
-    ``TRUNCATE; INSERT …`` the instrumented query read the new, to its snapshot empty, table
-    (found by a helper's search in session 24: no rows instead of 60 groups). ``LOCK`` takes
-    no snapshot, so it goes between ``BEGIN`` and the snapshot's export."""
+    a query that waited behind a TRUNCATE or an ALTER reads what that transaction committed,
+    and none can commit between its snapshot and its read. The wrapping's REPEATABLE READ
+    snapshot was taken before the instrumented query took its locks: after a wait behind a
+    ``TRUNCATE; INSERT …`` it read the new table, empty to its snapshot (found by a helper's
+    search in session 24: no rows instead of 60 groups). ``LOCK`` takes no snapshot, so it
+    goes between ``BEGIN`` and the snapshot's export. ``NOWAIT``: ``LOCK`` also locks every
+    partition, inheritance child and a view's tables, which the query may not (a partition
+    it prunes, ``ONLY``); so it never waits, and a lock held by another session makes the
+    query pass through, to wait for its own locks as PostgreSQL has it."""
     if not tables:
         return None
     names = [pgsql.Identifier(name) if schema is None else pgsql.Identifier(schema, name)
              for schema, name in tables]
-    return pgsql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+    return pgsql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE NOWAIT").format(
         pgsql.SQL(", ").join(names)).as_string()
 
 

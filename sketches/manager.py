@@ -1000,7 +1000,14 @@ class SketchManager(IncrementalMaintenance):
             raise CatalogBusy("schema imp is being installed by another query's transaction")
         try:
             undo.installed = catalog.ensure_installed(conn)
-            self.claim_identity(conn, installed=True)
+            try:
+                self.claim_identity(conn, installed=True)
+            except psycopg.errors.LockNotAvailable:
+                # the claim drops audit triggers (ACCESS EXCLUSIVE), and the client's backend
+                # holds ACCESS SHARE on the query's tables while this prepare runs: the
+                # background thread claims between queries (its connection claims first)
+                self._ensure_background()
+                raise
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
         finally:
             if not undo.installed:

@@ -144,4 +144,4 @@ def slow_sketch_manager(*args: Any, **kwargs: Any) -> Any:
 
 
 slow_sketch_manager.PER_DATABASE = True  # type: ignore[attr-defined]
-PREPARE_DELAY = 1.5
+PREPARE_DELAY = 3.0

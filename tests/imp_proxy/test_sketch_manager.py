@@ -488,7 +488,9 @@ def test_a_clients_timeout_holds_while_a_capture_waits(db_dsn: str, library_prox
 def test_an_error_in_the_sql_text_points_into_the_clients_text(ldsn: str, db_dsn: str) -> None:
     """Found: a role without USAGE on the table's schema got 42501 with a position counted in
     the proxy's re-printed instrumented text (25 where PostgreSQL says 30), so psql's caret
-    pointed elsewhere. Such an error now sends the client's own query instead."""
+    pointed elsewhere. Such an error now sends the client's own query instead. (Since
+    session 24 the wrapping's ``LOCK TABLE`` fails first for such a role, and the query
+    passes through before anything is instrumented: the answer is the same.)"""
     role = "imp_no_usage"
     text = ("select   g,count(*)   from   nu.pt   group by g having count(*) > 150"
             " order by g")
@@ -519,7 +521,7 @@ def test_an_error_in_the_sql_text_points_into_the_clients_text(ldsn: str, db_dsn
             after = stats(rc)
         assert direct[0] == "42501" and direct[2] is not None
         assert proxied == direct
-        assert int(after["proxy.wrapped"]) > int(before["proxy.wrapped"])
+        assert int(after["proxy.fallbacks"]) > int(before["proxy.fallbacks"])
     finally:
         with psycopg.connect(db_dsn, autocommit=True) as d:
             d.execute(f"DROP OWNED BY {role}")

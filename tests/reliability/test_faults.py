@@ -941,29 +941,27 @@ def test_an_audit_table_truncated_by_hand_invalidates_its_sketches(launch: Launc
 
 def test_a_busy_service_pool_passes_other_queries_through(launch: LaunchProxy,
                                                           fresh_db: Any) -> None:
-    """Every service connection held by a capture that waits for another session's lock:
-    a query of another table waited for the pool's whole timeout (found: 9.8 s behind eight
-    such captures, and the database's sketches were then turned off for 30 s). Now it waits
-    at most a second and passes through alone (``proxy.service_busy``), exactly."""
+    """Every service connection held by a long prepare (a capture that waited for another
+    session's lock: found, 9.8 s behind eight such captures, and the database's sketches
+    were then turned off for 30 s): a query of another table waits at most a second and
+    passes through alone (``proxy.service_busy``), exactly. The prepare is held by a hook
+    that sleeps first (``tests.imp_proxy.hooks.slow_sketch_manager``): since session 24 a
+    lock held elsewhere makes the query pass through before any service connection works."""
     direct = fresh_db()
     _load_table(direct, 20_000)
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute("CREATE TABLE u AS SELECT * FROM t")
         c.execute("ANALYZE u")
-    p = launch("--service-pool-size", "1", upstream=direct)
+    p = launch("--service-pool-size", "1", "--hook", "tests.imp_proxy.hooks:slow_sketch_manager",
+               upstream=direct)
     proxied = via_proxy(direct, p.port)
-    locked = "SELECT g, count(*) FROM t GROUP BY g HAVING count(*) > 19 ORDER BY g"
+    held = "SELECT g, count(*) FROM t GROUP BY g HAVING count(*) > 19 ORDER BY g"
     other = "SELECT g, sum(v) FROM u GROUP BY g HAVING sum(v) > 205000 ORDER BY g"
-    with psycopg.connect(direct) as holder:
-        holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-        waiter = threading.Thread(target=_rows, args=(proxied, locked), daemon=True)
-        waiter.start()   # its capture holds the one service connection, waiting for t
-        assert wait_until(lambda: int(scalar(
-            direct, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE %s", ("%LIMIT 0%",))) == 1, timeout=30)
-        busy = _stat(proxied, "proxy.service_busy")
-        assert _rows(proxied, other) == _rows(direct, other)
-        assert _stat(proxied, "proxy.service_busy") == busy + 1
-        holder.rollback()
+    waiter = threading.Thread(target=_rows, args=(proxied, held), daemon=True)
+    waiter.start()   # its prepare holds the one service connection for PREPARE_DELAY
+    time.sleep(0.8)
+    busy = _stat(proxied, "proxy.service_busy")
+    assert _rows(proxied, other) == _rows(direct, other)
+    assert _stat(proxied, "proxy.service_busy") == busy + 1
     waiter.join(60)
     assert not waiter.is_alive()
