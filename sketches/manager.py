@@ -531,7 +531,7 @@ class SketchManager(IncrementalMaintenance):
             if not tmpl.loaded:
                 self._load(conn, template, tmpl, relations)
         else:   # no catalog of ours, but tracked tables and audit tables may be restored ones
-            self.claim_identity(conn)
+            self._claim_or_defer(conn)
         inst = self._instance(sql, params)
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         runs = tmpl.note_values(_values(inst))
@@ -1000,14 +1000,7 @@ class SketchManager(IncrementalMaintenance):
             raise CatalogBusy("schema imp is being installed by another query's transaction")
         try:
             undo.installed = catalog.ensure_installed(conn)
-            try:
-                self.claim_identity(conn, installed=True)
-            except psycopg.errors.LockNotAvailable:
-                # the claim drops audit triggers (ACCESS EXCLUSIVE), and the client's backend
-                # holds ACCESS SHARE on the query's tables while this prepare runs: the
-                # background thread claims between queries (its connection claims first)
-                self._ensure_background()
-                raise
+            self._claim_or_defer(conn, installed=True)
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
         finally:
             if not undo.installed:
@@ -1018,6 +1011,18 @@ class SketchManager(IncrementalMaintenance):
             self._own_xids |= loaded
             if not undo.installed:
                 self._installed = True
+
+    def _claim_or_defer(self, conn: psycopg.Connection[Any], installed: bool = False) -> None:
+        """:meth:`claim_identity` in a query's prepare. The claim drops audit triggers (ACCESS
+        EXCLUSIVE), and the client's backend holds ACCESS SHARE on the query's tables while
+        the prepare runs: when the claim's lock wait times out, the background thread claims
+        between queries (its connection claims first), and the prepare fails (the query
+        passes through)."""
+        try:
+            self.claim_identity(conn, installed)
+        except psycopg.errors.LockNotAvailable:
+            self._ensure_background()
+            raise
 
     def claim_identity(self, conn: psycopg.Connection[Any], installed: bool = False) -> bool:
         """:func:`catalog.claim_identity` once per manager (again after a rollback of it, a
