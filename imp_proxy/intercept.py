@@ -618,11 +618,18 @@ async def client_may_not_run(s: Session, sql: str) -> str | None:
                                                        AS_CLIENT_READIES))
 
 
-# each name as the library reports it: "schema.table", or a bare name (search_path)
-_READABLE = ("SELECT t FROM jsonb_array_elements_text($1::text::jsonb) AS t WHERE coalesce("
-             "(SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n"
-             " ON n.oid = c.relnamespace WHERE n.nspname || '.' || c.relname = t LIMIT 1),"
-             " has_table_privilege(to_regclass(quote_ident(t)), 'SELECT'), false)")
+# each name as the library reports it: "schema.table", or a bare name (search_path). Every
+# name and operator qualified: the check runs on the client's search_path, where a schema of
+# the role's own before pg_catalog could answer it (found by a helper's search: a role's
+# has_table_privilege() that returns true showed it every sketch)
+_READABLE = ("SELECT t FROM pg_catalog.jsonb_array_elements_text($1::pg_catalog.text"
+             "::pg_catalog.jsonb) AS t WHERE coalesce("
+             "(SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT')"
+             " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+             " ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+             " WHERE pg_catalog.concat(n.nspname, '.', c.relname) OPERATOR(pg_catalog.=) t"
+             " LIMIT 1), pg_catalog.has_table_privilege(pg_catalog.to_regclass("
+             "pg_catalog.quote_ident(t)), 'SELECT'), false)")
 
 
 async def readable_sketches(s: Session, sketches: list[dict[str, object]]
@@ -646,15 +653,27 @@ AS_CLIENT_READIES = 2
 """The ReadyForQuery messages that answer :func:`_as_client`."""
 
 
-def _as_client(sql: str, params: tuple[bytes, ...] = ()) -> bytes:
+def _as_client(sql: str, params: tuple[bytes, ...] = (), in_transaction: bool = False) -> bytes:
     """``sql`` as the proxy's check statement (closed first), then a Sync, then a Close of it
     and a Sync: run on the client's own backend, as the client; two ReadyForQuery. Why the
     second Close: when ``sql`` fails, PostgreSQL skips the first one (to the Sync), and the
     statement stayed in the client's session (found by a regression search: after an
-    ``IMP EXPLAIN`` of a table the role may not read)."""
-    return (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
-            + codec.encode_sync() + codec.encode_close("S", CHECK_STATEMENT)
+    ``IMP EXPLAIN`` of a table the role may not read). ``in_transaction``: inside the
+    client's transaction block, the check runs in a savepoint, rolled back to after it: a
+    failing check left the client's transaction aborted behind an IMP statement that answered
+    (found by a helper's search)."""
+    if not in_transaction:
+        return (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
+                + codec.encode_sync() + codec.encode_close("S", CHECK_STATEMENT)
+                + codec.encode_sync())
+    return (_own(_CHECK_SAVEPOINT) + codec.encode_close("S", CHECK_STATEMENT)
+            + _once(CHECK_STATEMENT, sql, params) + codec.encode_sync()
+            + _own(*_CHECK_UNDO) + codec.encode_close("S", CHECK_STATEMENT)
             + codec.encode_sync())
+
+
+_CHECK_SAVEPOINT = "SAVEPOINT _imp_check"
+_CHECK_UNDO = ("ROLLBACK TO SAVEPOINT _imp_check", "RELEASE SAVEPOINT _imp_check")
 
 
 async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
@@ -663,7 +682,8 @@ async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
     (:func:`_as_client`), up to its last ReadyForQuery."""
     s.enter_parse_mode()
     try:
-        return await s.exchange_with_upstream(_as_client(sql, params), AS_CLIENT_READIES)
+        return await s.exchange_with_upstream(
+            _as_client(sql, params, s.scanner.status == ord("T")), AS_CLIENT_READIES)
     finally:
         s.leave_parse_mode()
 
@@ -710,7 +730,10 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
 
 
 _SUPERUSER = ("SELECT r.rolsuper FROM pg_catalog.pg_roles AS r"
-              " WHERE r.rolname = pg_catalog.current_user()")
+              " WHERE r.rolname OPERATOR(pg_catalog.=) pg_catalog.current_user()")
+"""Qualified operator: the check runs on the client's search_path, where a role's own ``=``
+on ``name`` matched every role and the first, a superuser, answered (found by a helper's
+search: a role with CREATE on a schema ran ``IMP DROP ALL SKETCHES``)."""
 
 
 async def _require_superuser(s: Session, what: str) -> None:

@@ -46,7 +46,7 @@ class LocalAdmin:
             return "local"  # discard until Sync, as PostgreSQL does after an error
         if typ == PARSE:
             p = codec.decode_parse(msg)
-            if not admin.is_admin(p.sql.encode()[:16]):
+            if not admin.is_admin(p.sql.encode()):
                 return self._leave_local(msg)
             try:
                 self.admin_stmts[p.name] = admin.parse_admin(p.sql)

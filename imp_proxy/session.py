@@ -351,7 +351,7 @@ class Session(LocalAdmin):
             if name_end < 0:
                 return None  # PostgreSQL answers a malformed body itself (ERROR, not FATAL)
             if (name_end + 1 < end and data[name_end + 1] in _ADMIN_FIRST
-                    and admin.is_admin(data[name_end + 1:name_end + 17])):
+                    and admin.is_admin(data, name_end + 1, end)):
                 if self.idle:
                     self.local_batch = True
                     self.local_error = False
