@@ -63,7 +63,7 @@ from .protocol.messages import (
     Execute,
     Parse,
 )
-from .router import SESSION_SETTINGS, PrepareOutcome, ServiceError, setting_sql
+from .router import SESSION_SETTINGS, Decision, PrepareOutcome, ServiceError, setting_sql
 
 if TYPE_CHECKING:
     from .session import Session
@@ -334,19 +334,21 @@ async def _rollback(s: Session) -> None:
     await s.exchange_with_upstream(_ROLLBACK, 1)
 
 
-async def begin_and_prepare(s: Session, sql: str, bind: Bind | None, types: tuple[int, ...],
-                            explain: bool = False, verify: str | None = None,
+async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind | None,
+                            types: tuple[int, ...], explain: bool = False,
+                            verify: str | None = None,
                             drop_unnamed: bool = False
                             ) -> tuple[PrepareOutcome, tuple[int, ...]]:
     """Steps 1–2 of the wrapping, the snapshot in one round trip. On return the client's
     backend is inside the proxy's REPEATABLE READ transaction; on Fallback it has been rolled
-    back. ``explain``: the outcome also carries the heavy backend's choice (IMP EXPLAIN).
+    back. ``lock``: the decision's ``LOCK TABLE`` of the query's tables, sent before the
+    snapshot's export (None: none). ``explain``: the outcome also carries the heavy
+    backend's choice (IMP EXPLAIN).
     ``verify`` (with ``bind``): the client's named statement that is to hold ``sql`` with
     ``types`` as declared; Fallback if it does not (a failed, skipped or deallocated Parse
     left the proxy's record stale), so PostgreSQL answers the client's messages itself.
     ``drop_unnamed``: first Close the client's unnamed statement, as PostgreSQL does for the
     client's simple Query being wrapped, whichever way the wrapping ends."""
-    lock = (await s.router.classify(sql)).lock
     begin = BEGIN_SNAPSHOT if lock is None else (BEGIN_SNAPSHOT[0], lock, BEGIN_SNAPSHOT[1])
     payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:
@@ -535,22 +537,26 @@ def _count_outcome(s: Session, outcome: PrepareOutcome) -> None:
         s.router.count("captured")
 
 
-async def _wrappable(s: Session, sql: str) -> bool:
-    """The library calls ``sql`` a candidate, and the backend is idle with nothing in flight
-    (DESIGN §5: the proxy injects only on an idle backend, outside client transactions)."""
+async def _wrappable(s: Session, sql: str) -> Decision | None:
+    """The library's decision when it calls ``sql`` a candidate and the backend is idle with
+    nothing in flight (DESIGN §5: the proxy injects only on an idle backend, outside client
+    transactions), else None."""
     decision = await s.router.classify(sql)
-    return decision.candidate and s.scanner.status == ord("I") and s.idle
+    wrappable = decision.candidate and s.scanner.status == ord("I") and s.idle
+    return decision if wrappable else None
 
 
 async def wrap_query(s: Session, sql: str, raw: bytes) -> None:
     """A sketchable simple Query (docs/INTERFACES.md §2)."""
-    if not await _wrappable(s, sql):
+    decision = await _wrappable(s, sql)
+    if decision is None:
         _forward_original(s, raw)
         return
     _start_wrapping(s)
     try:
         try:
-            outcome, _ = await begin_and_prepare(s, sql, None, (), drop_unnamed=True)
+            outcome, _ = await begin_and_prepare(s, sql, decision.lock, None, (),
+                                                 drop_unnamed=True)
         except Fallback as exc:
             if not s.cancelled or not await _cancelled(s, b"", b"", b""):
                 _fell_back(s, raw, exc)
@@ -573,14 +579,15 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
     """A sketchable extended-protocol batch: the client's Bind is moved to a proxy-owned
     statement holding the instrumented SQL (same parameter types); its replies the client
     did not cause (the proxy's Parse/Close/COMMIT) are swallowed."""
-    if not await _wrappable(s, shape.sql):
+    decision = await _wrappable(s, shape.sql)
+    if decision is None:
         _forward_original(s, raw)
         return
     _start_wrapping(s)
     try:
         try:
             outcome, types = await begin_and_prepare(
-                s, shape.sql, shape.bind, shape.param_types,
+                s, shape.sql, decision.lock, shape.bind, shape.param_types,
                 verify=shape.bind.statement if shape.parse is None else None)
             if outcome.instrumented_sql is None or s.cancelled:
                 await _rollback(s)
@@ -662,14 +669,11 @@ def _as_client(sql: str, params: tuple[bytes, ...] = (), in_transaction: bool = 
     client's transaction block, the check runs in a savepoint, rolled back to after it: a
     failing check left the client's transaction aborted behind an IMP statement that answered
     (found by a helper's search)."""
-    if not in_transaction:
-        return (codec.encode_close("S", CHECK_STATEMENT) + _once(CHECK_STATEMENT, sql, params)
-                + codec.encode_sync() + codec.encode_close("S", CHECK_STATEMENT)
-                + codec.encode_sync())
-    return (_own(_CHECK_SAVEPOINT) + codec.encode_close("S", CHECK_STATEMENT)
+    before, after = (_own(_CHECK_SAVEPOINT), _own(*_CHECK_UNDO)) if in_transaction \
+        else (b"", b"")
+    return (before + codec.encode_close("S", CHECK_STATEMENT)
             + _once(CHECK_STATEMENT, sql, params) + codec.encode_sync()
-            + _own(*_CHECK_UNDO) + codec.encode_close("S", CHECK_STATEMENT)
-            + codec.encode_sync())
+            + after + codec.encode_close("S", CHECK_STATEMENT) + codec.encode_sync())
 
 
 _CHECK_SAVEPOINT = "SAVEPOINT _imp_check"
@@ -717,7 +721,7 @@ async def explain(s: Session, sql: str) -> list[tuple[str, object]]:
             return [("decision", "passthrough"), ("reason", denied), ("sketch_id", None),
                     ("instrumented_sql", None), *rows]
         try:
-            outcome, _ = await begin_and_prepare(s, sql, None, (), explain=True)
+            outcome, _ = await begin_and_prepare(s, sql, decision.lock, None, (), explain=True)
         except Fallback as exc:
             return [("decision", "passthrough"), ("reason", str(exc)), ("sketch_id", None),
                     ("instrumented_sql", None), *rows]
