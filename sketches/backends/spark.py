@@ -121,6 +121,22 @@ TimeZone and DateStyle ISO; a date compared with ``'…+00'::timestamptz`` or wi
 fragments for a caller in Pacific/Kiritimati."""
 
 
+_RULES = "org.apache.spark.sql.catalyst.optimizer."
+EXCLUDED_RULES = tuple(_RULES + name for name in (
+    "UnwrapCastInBinaryComparison", "ReorderAssociativeOperator", "SimplifyBinaryComparison",
+    "NullPropagation", "BooleanSimplification"))
+"""Catalyst optimizer rules the session excludes (``spark.sql.optimizer.excludedRules``,
+added to any configured ones): each decides an expression without evaluating an operand
+that fails, where PostgreSQL evaluates it for every group and raises. Found: ``HAVING max(s)
+* max(s) > 80000`` (smallint: 22003 in PostgreSQL) became ``false`` — a smallint compared
+with a constant beyond its range (UnwrapCastInBinaryComparison) — so the capture succeeded
+with an empty sketch and the query answered no rows instead of failing. Likewise ``max(v) +
+2147483000 + -2147483000`` became ``max(v) + 0`` (ReorderAssociativeOperator), ``x = x``
+and ``x IS NULL`` of a non-nullable ``x`` (``count(*) * 9223372036854775807``) were decided
+without ``x`` (SimplifyBinaryComparison, NullPropagation), and so was ``x AND NOT x``
+(BooleanSimplification). :func:`_check_optimizer` verifies the exclusion at start."""
+
+
 JVM_OPTIONS = "-Duser.timezone=UTC"
 """Java options of the driver and executor JVMs: pgjdbc's ``getTimestamp`` builds a
 ``java.sql.Timestamp`` in the JVM's default TimeZone, so a timestamp in a DST gap of the
@@ -143,7 +159,8 @@ def _for_jdbc(name: str, value: object) -> str:
 @dataclass(frozen=True, slots=True)
 class SparkSettings:
     """``master``: a Spark master URL (``local[*]``, ``spark://host:7077``, ``yarn``…);
-    ``conf``: any ``spark.*`` settings (override :data:`DEFAULT_CONF`); ``jdbc_jar``: the
+    ``conf``: any ``spark.*`` settings (override :data:`DEFAULT_CONF`; never the
+    :data:`JVM_OPTIONS` and :data:`EXCLUDED_RULES`, which are added); ``jdbc_jar``: the
     PostgreSQL JDBC driver; ``jdbc_url``: how executors reach PostgreSQL (default: built from
     the caller's connection — host, port, database, user; the password travels as a
     property); ``max_partitions``: JDBC partitions per table read; ``broadcast_rows``: in a
@@ -168,6 +185,9 @@ class SparkSettings:
         out.setdefault("spark.driver.extraClassPath", self.jdbc_jar)
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             out[key] = f"{out.get(key, '')} {JVM_OPTIONS}".strip()
+        key = "spark.sql.optimizer.excludedRules"
+        configured = [r.strip() for r in out.get(key, "").split(",") if r.strip()]
+        out[key] = ",".join(configured + [r for r in EXCLUDED_RULES if r not in configured])
         return out
 
     @classmethod
@@ -299,6 +319,7 @@ def _create_session(settings: SparkSettings) -> Any:
     session.sparkContext.setLogLevel("ERROR")
     _check_jvm_time_zone(session)
     _warm_up(session)
+    _check_optimizer(session)
     return session
 
 
@@ -327,6 +348,27 @@ def _warm_up(session: Any) -> None:
         raise BackendUnavailable(f"PostgreSQL JDBC driver does not load from "
                                  f"{session.conf.get('spark.jars', '?')}: "
                                  f"{_first_line(exc)}") from exc
+
+
+def _check_optimizer(session: Any) -> None:
+    """BackendUnavailable unless an overflow compared with a constant beyond its type still
+    fails the job (``smallint * smallint > 80000``): Catalyst decides that comparison
+    without the product unless :data:`EXCLUDED_RULES` took effect, and a Spark version that
+    renamed a rule or made it non-excludable only logs a warning."""
+    key = "spark.sql.optimizer.excludedRules"
+    probe = session.range(1, 2).selectExpr("CAST(id + 299 AS smallint) AS s") \
+        .where("s * s > 80000")
+    try:
+        rows = probe.collect()
+    except Exception as exc:  # noqa: BLE001 — py4j wraps the JVM's SparkArithmeticException
+        if "OVERFLOW" in str(exc).upper():
+            return
+        reason = f"Spark's optimizer check failed: {_first_line(exc)}"
+    else:
+        reason = (f"Spark decided an overflowing comparison without evaluating it ({len(rows)}"
+                  f" rows, no error): {key}={session.conf.get(key, '')!r} did not take effect")
+    session.stop()
+    raise BackendUnavailable(reason)
 
 
 # ------------------------------------------------------------------------- the backend
@@ -916,6 +958,8 @@ def _column(node: Node, df: Any) -> Any:
         a, b = _column(node.left, df), _column(node.right, df)
         if node.op == "*":
             _check_decimal_product(df, node, a, b)
+        if node.op not in ARITHMETIC:
+            a, b = _as_numeric(df, a, node.right), _as_numeric(df, b, node.left)
         ops = {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b,
                ">": a > b, ">=": a >= b, "+": a + b, "-": a - b, "*": a * b}
         result = ops[node.op]
@@ -934,6 +978,21 @@ def _column(node: Node, df: Any) -> Any:
 
 
 _INTEGRAL_DIGITS = {"ByteType": 3, "ShortType": 5, "IntegerType": 10, "LongType": 20}
+
+
+def _as_numeric(df: Any, column: Any, other: Node) -> Any:
+    """``column`` (over ``df``) as an exact decimal when it is an integer compared with a
+    numeric constant ``other``, as PostgreSQL compares them (integer → numeric). Spark's
+    analyzer — not an optimizer rule that can be excluded (:data:`EXCLUDED_RULES`) — turns
+    ``<integer> > <decimal literal beyond bigint>`` into a constant: found, ``max(b) *
+    90000000000000000 > 9223372036854775808`` never ran the product that fails 'bigint out
+    of range' in PostgreSQL, and ``max(b) > -9223372036854775809`` was true for a NULL
+    ``max(b)``."""
+    from pyspark.sql.types import DecimalType
+    if not (isinstance(other, Lit) and isinstance(other.value, Decimal)):
+        return column
+    digits = _INTEGRAL_DIGITS.get(type(df.select(column).schema.fields[0].dataType).__name__)
+    return column if digits is None else column.cast(DecimalType(digits, 0))
 
 
 def _check_decimal_product(df: Any, node: Bin, a: Any, b: Any) -> None:

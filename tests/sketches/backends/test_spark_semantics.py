@@ -23,8 +23,10 @@ import pytest
 from sketches.backends.base import BackendJobFailed, BackendUnsupported, MatchRequest
 from sketches.backends.plan import Bin, Lit, Neg, Ref, translate
 from sketches.backends.postgres import PostgresBackend
-from sketches.backends.spark import JVM_OPTIONS, SparkBackend, SparkSettings
+from sketches.backends.routing import RoutedBackend
+from sketches.backends.spark import EXCLUDED_RULES, JVM_OPTIONS, SparkBackend, SparkSettings
 from sketches.capture import CaptureResult
+from sketches.cost import CostSettings
 from sketches.errors import CaptureError
 from tests.sketches.backends.helpers import fragments_of, targets_for
 
@@ -252,6 +254,72 @@ def test_literal_beyond_int4_is_a_bigint(conn: psycopg.Connection[Any],
     pg_fails(conn, text)
     with pytest.raises(BackendJobFailed, match="OVERFLOW|overflow"):
         spark_capture(conn, spark_backend, text)
+
+
+# column type, overflowing value, in-range value, HAVING that fails, HAVING in range, and
+# the values of $1 in each
+OUT_OF_RANGE = [
+    ("smallint", 292, 11, "max(uc.s) * max(uc.s) > 80000", "max(uc.s) * max(uc.s) > 100", None),
+    ("smallint", 292, 11, "max(uc.s) * max(uc.s) > $1", "max(uc.s) * max(uc.s) > $1",
+     (80000, 100)),
+    ("int", 999, 11, "max(uc.s) * max(uc.s) * 3000 > 3000000000",
+     "max(uc.s) * max(uc.s) * 3000 > 300000", None),
+    ("int", 999, 11, "max(uc.s) * max(uc.s) * 3000 = 3000000000",
+     "max(uc.s) * max(uc.s) * 3000 = 363000", None),
+    ("bigint", 999, 11, "max(uc.s) * 90000000000000000 > 9223372036854775808",
+     "max(uc.s) * 90000000000000000 > 900000000000000000", None),
+    ("int", 999, 11, "max(uc.s) + 2147483000 + -2147483000 > 0",
+     "max(uc.s) + 2147483000 + -2147483000 > 5", None),
+    ("int", 999, 11, "count(*) * 9223372036854775807 = count(*) * 9223372036854775807",
+     "count(*) * max(uc.s) * 1000 = count(*) * 11000", None),
+    ("smallint", 292, 11, "max(uc.s) * max(uc.s) > 0 AND NOT (max(uc.s) * max(uc.s) > 0)",
+     "max(uc.s) * max(uc.s) > 100 AND NOT (max(uc.s) * max(uc.s) > 1000)", None),
+]
+
+
+@pytest.mark.parametrize(("column", "big", "small", "failing", "in_range", "bound"),
+                         OUT_OF_RANGE)
+def test_overflow_compared_with_a_constant_beyond_its_type_fails_as_in_postgresql(
+        conn: psycopg.Connection[Any], spark_backend: SparkBackend, column: str, big: int,
+        small: int, failing: str, in_range: str, bound: tuple[int, int] | None) -> None:
+    """``HAVING max(s) * max(s) > 80000`` over a smallint: PostgreSQL fails 22003 'smallint
+    out of range'; Catalyst decided the comparison without the product (a smallint is never
+    above 80000), so the Spark capture succeeded with an empty sketch and the query answered
+    no rows. Same for int against a bigint constant, bigint against a numeric constant (the
+    analyzer), a bound ``$1``, ``x + c1 + c2`` folded to ``x + 0``, ``x = x`` of a
+    non-nullable ``x`` and ``x AND NOT x``. Now the Spark job fails, the capture falls back and
+    the caller gets PostgreSQL's own error; in range, Spark's capture is PostgreSQL's."""
+    grouped(conn, "uc", f"s {column}", f"CASE WHEN i % 20 = 3 THEN {big} ELSE 1 END")
+    routed = RoutedBackend(CostSettings(mode="spark"), spark=spark_backend)
+    params = None if bound is None else bound[:1]
+    text = f"SELECT uc.g, max(uc.s) FROM uc GROUP BY uc.g HAVING {failing}"
+    with pytest.raises(psycopg.Error) as direct:
+        conn.execute(text.replace("$1", "%s"), params)
+    analysis, targets = targets_for(conn, text, 8)
+    with pytest.raises(BackendJobFailed, match="OVERFLOW"):
+        spark_backend.capture(conn, text, analysis, targets, params)
+    with pytest.raises(CaptureError) as routed_error:  # fell back: PostgreSQL's own error
+        routed.capture(conn, text, analysis, targets, params)
+    assert getattr(routed_error.value.__cause__, "sqlstate", None) == direct.value.sqlstate \
+        == "22003"
+
+    conn.execute(f"UPDATE uc SET s = {small} WHERE s = {big}")
+    params = None if bound is None else bound[1:]
+    text = f"SELECT uc.g, max(uc.s) FROM uc GROUP BY uc.g HAVING {in_range}"
+    assert conn.execute(text.replace("$1", "%s"), params).fetchall() == [(3, small)]
+    analysis, targets = targets_for(conn, text, 8)
+    expected = PG.capture(conn, text, analysis, targets, params)
+    got = routed.capture(conn, text, analysis, targets, params)
+    decision = routed.last_decision()
+    assert decision is not None and decision.ran_on == "spark", decision
+    assert fragments_of(got) == fragments_of(expected) and fragments_of(expected)[0]
+
+
+def test_configured_excluded_rules_keep_the_exclusions() -> None:
+    """A configured ``spark.sql.optimizer.excludedRules`` adds to :data:`EXCLUDED_RULES`
+    instead of replacing them (each hides an overflow, see the test above)."""
+    conf = SparkSettings(conf=(("spark.sql.optimizer.excludedRules", "a.B"),)).spark_conf()
+    assert conf["spark.sql.optimizer.excludedRules"].split(",") == ["a.B", *EXCLUDED_RULES]
 
 
 # ------------------------------------------------------------------ dates and time zones
