@@ -48,6 +48,10 @@ ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS relations bigint[];
 -- their text, and an int 5 and a numeric 5 are other queries (5 / 2); NULL in older rows,
 -- which are captured again rather than loaded.
 ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS param_types text[];
+-- The session settings the sketch was captured under (sketches.catalog.CAPTURE_SETTINGS, then
+-- whether extra_float_digits > 0): it is loaded only by a connection with the same ones; NULL
+-- in older rows, which are captured again rather than loaded.
+ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS settings text[];
 CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
 
 -- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).

@@ -531,41 +531,8 @@ BEGIN
     END LOOP;
 END $$;
 
--- The event triggers fire ALWAYS, as the audit triggers do: under session_replication_role =
--- replica an ALTER TABLE … ALTER COLUMN TYPE went unseen, and a bulk load between DISABLE and
--- ENABLE TRIGGER ALL left no audit rows (found: a maintained sketch kept old values). A trigger
--- from an earlier version with other tags is created again.
-DO $$
-DECLARE
-    wanted record;
-BEGIN
-    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
-        RAISE WARNING 'imp: not a superuser, DDL on tracked tables will not invalidate sketches';
-        RETURN;
-    END IF;
-    FOR wanted IN
-        SELECT * FROM (VALUES
-            ('imp_ddl_end', 'ddl_command_end', ARRAY['ALTER TABLE', 'ALTER VIEW',
-             'ALTER MATERIALIZED VIEW', 'ALTER FOREIGN TABLE', 'ALTER TYPE', 'ALTER INDEX',
-             'ALTER SEQUENCE', 'CREATE SUBSCRIPTION', 'ALTER SUBSCRIPTION'], 'imp._ddl_end'),
-            ('imp_ddl_drop', 'sql_drop', ARRAY['DROP TABLE', 'DROP TYPE', 'DROP DOMAIN'],
-             'imp._ddl_drop'),
-            ('imp_audit_guard', 'sql_drop', ARRAY['DROP TABLE', 'DROP TRIGGER'],
-             'imp._audit_guard')) AS w(name, event, tags, func)
-    LOOP
-        IF EXISTS (SELECT 1 FROM pg_event_trigger e WHERE e.evtname = wanted.name
-                   AND e.evttags IS DISTINCT FROM wanted.tags) THEN
-            EXECUTE format('DROP EVENT TRIGGER %I', wanted.name);
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM pg_event_trigger e WHERE e.evtname = wanted.name) THEN
-            EXECUTE format('CREATE EVENT TRIGGER %I ON %s WHEN TAG IN (%s) EXECUTE FUNCTION %s()',
-                           wanted.name, wanted.event,
-                           (SELECT string_agg(quote_literal(t), ', ') FROM unnest(wanted.tags) t),
-                           wanted.func);
-        END IF;
-        EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', wanted.name);
-    END LOOP;
-END $$;
+-- The event triggers that fire the functions above: ddl_guard.sql (pg_extensions.install runs
+-- it after the migrations).
 
 -- Audit triggers of an earlier version read their columns from imp.tracked_tables: give them
 -- their columns as arguments (their audit tables and rows are kept).

@@ -74,4 +74,28 @@ def _apply(conn: psycopg.Connection[Any]) -> list[str]:
             " checksum = EXCLUDED.checksum, applied_at = now()",
             (m.version, m.name, m.checksum))
         applied.append(m.name)
+    conn.execute(_guard_sql())
     return applied
+
+
+DDL_GUARD = ("imp_ddl_end", "imp_ddl_drop", "imp_audit_guard")
+"""The event triggers of ``ddl_guard.sql``."""
+
+GUARDED = ("SELECT count(*) = 3 FROM pg_catalog.pg_event_trigger WHERE evtname IN ("
+            + ", ".join(f"'{n}'" for n in DDL_GUARD) + ") AND evtenabled = 'A'")
+"""True when the DDL guard is there and fires ALWAYS; an expression for other statements too
+(``pg_event_trigger`` is readable by every role)."""
+
+
+def _guard_sql() -> bytes:
+    return resources.files(__package__).joinpath("ddl_guard.sql").read_bytes()
+
+
+def ddl_guarded(conn: psycopg.Connection[Any]) -> bool:
+    """Is imp's DDL guard (its event triggers, enabled ALWAYS) there? Only a superuser may
+    create event triggers, so a schema imp a role that is no superuser installed has none,
+    and a superuser's proxy then used it as it was (found by a helper's search in session
+    25: an ``ALTER … TYPE … USING`` went unseen and a maintained sketch lost a group). Without
+    the guard nothing is maintained incrementally."""
+    row = conn.execute(GUARDED).fetchone()
+    return bool(row and row[0])

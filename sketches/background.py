@@ -172,6 +172,8 @@ class Background(threading.Thread):
         for rel, session in queued.items():
             try:
                 incremental.track(conn, [rel], session)
+            except deltas.Unguarded as exc:   # recapture keeps its sketches: not queued again
+                log.info("%s", exc)
             except psycopg.Error as exc:  # e.g. lock_timeout behind a long writer: retry
                 log.info("tracking %s postponed: %s", rel, exc)
                 with self.manager._lock:

@@ -22,6 +22,22 @@ from sketches.sketch import Sketch
 
 log = logging.getLogger(__name__)
 
+CAPTURE_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "standard_conforming_strings",
+                    "array_nulls", "transform_null_equals", "timezone_abbreviations",
+                    "lc_monetary", "bytea_output")
+"""Settings that change what a query's text means (``'2020-01-01'`` as a timestamptz, ``v =
+NULL``, a money literal) or a value's text (``bt::text``), as the proxy compares sessions on
+(``imp_proxy.router.SESSION_SETTINGS``): a stored sketch holds for a query run under the
+settings it was captured under, which are recorded with it."""
+
+_SETTINGS_NOW = sql.SQL("ARRAY[{}, (current_setting('extra_float_digits')::int > 0)::text]"
+                        ).format(sql.SQL(", ").join(
+                            sql.SQL("current_setting({})").format(sql.Literal(n))
+                            for n in CAPTURE_SETTINGS))
+"""The connection's :data:`CAPTURE_SETTINGS` and whether extra_float_digits is positive (every
+positive value prints a float the same, shortest exact way) as a ``text[]``, evaluated in the
+statement that saves or loads a sketch."""
+
 
 def ensure_installed(conn: psycopg.Connection[Any]) -> bool:
     """Installs the ``imp`` schema's migrations if the sketch catalog (or its identity) is
@@ -133,14 +149,16 @@ def load_partition(conn: psycopg.Connection[Any], partition_id: int) -> RangePar
 def save_sketch(conn: psycopg.Connection[Any], sketch: Sketch,
                 relations: Sequence[int] | None = None) -> int:
     """Inserts ``sketch`` (its partitions must have ids) captured on ``relations`` (the oids
-    of all the query's tables, ``lookup.Relations``); returns the new sketch id."""
+    of all the query's tables, ``lookup.Relations``) under conn's :data:`CAPTURE_SETTINGS`;
+    returns the new sketch id."""
     params = None if sketch.params is None else [None if v is None else str(v)
                                                   for v in sketch.params]
     types = None if sketch.params is None else [type(v).__name__ for v in sketch.params]
-    row = conn.execute(
+    row = conn.execute(sql.SQL(
         "INSERT INTO imp.sketches (template, query_text, params, param_types, tables, aliases,"
-        " attributes, partition_ids, version, strategy, relations)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s, %s) RETURNING id",
+        " attributes, partition_ids, version, strategy, relations, settings)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::pg_snapshot, %s, %s, {}) RETURNING id"
+        ).format(_SETTINGS_NOW),
         (sketch.template, sketch.query, params, types,
          [f"{p.schema}.{p.partition.table}" for p in sketch.parts],
          [p.table.alias for p in sketch.parts],
@@ -210,16 +228,21 @@ _RESTORE: dict[str, Callable[[str], object]] = {
 
 
 def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSketch]:
-    """Valid sketches of ``template``, newest first."""
-    rows = conn.execute(
+    """Valid sketches of ``template`` captured under conn's :data:`CAPTURE_SETTINGS`, newest
+    first. Why the settings: another proxy on the database, or this one restarted with
+    another TimeZone, captured its sketches for what the query's text meant to it (found by
+    a helper's search in session 25: a top-k under Asia/Tokyo answered with the UTC
+    sketch's empty set instead of 3 rows). Rows of older versions, without settings, are
+    captured again."""
+    rows = conn.execute(sql.SQL(
         "SELECT s.id, s.template, s.query_text, s.params, s.aliases, s.attributes,"
         " s.version::text, s.strategy, s.captures, s.maintenances, s.uses,"
         " array_agg(f.partition_id ORDER BY f.ordinal),"
         " array_agg(array_to_string(f.fragments, ',') ORDER BY f.ordinal), s.relations,"
         " s.param_types"
         " FROM imp.sketches s JOIN imp.sketch_fragments f ON f.sketch_id = s.id"
-        " WHERE s.template = %s AND s.valid AND s.aliases IS NOT NULL"
-        " GROUP BY s.id ORDER BY s.id DESC LIMIT 50",
+        " WHERE s.template = %s AND s.valid AND s.aliases IS NOT NULL AND s.settings = {}"
+        " GROUP BY s.id ORDER BY s.id DESC LIMIT 50").format(_SETTINGS_NOW),
         (template,)).fetchall()
     out = []
     for r in rows:
@@ -260,10 +283,14 @@ def invalidate_many(conn: psycopg.Connection[Any], sketch_ids: Sequence[int]) ->
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:
     """Is the sketch catalog there (its sketches and fragments, the own transactions, the
-    identity that tells whether they are this database's)?"""
+    identity that tells whether they are this database's), with the sketches' settings?
+    (A catalog of an older version is brought up to date: :func:`ensure_installed`.)"""
     row = conn.execute("SELECT to_regclass('imp.sketch_fragments') IS NOT NULL"
                        " AND to_regclass('imp.own_xacts') IS NOT NULL"
-                       " AND to_regclass('imp.identity') IS NOT NULL").fetchone()
+                       " AND to_regclass('imp.identity') IS NOT NULL"
+                       " AND EXISTS (SELECT FROM pg_catalog.pg_attribute"
+                       " WHERE attrelid = to_regclass('imp.sketches') AND attname = 'settings'"
+                       " AND NOT attisdropped)").fetchone()
     return bool(row and row[0])
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+import pg_extensions
 from sketches import pipelined
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ class DeltaError(Exception):
 class NotTracked(DeltaError):
     """The table has no audit table visible in this snapshot: call ``imp.track_table`` in a
     transaction that commits before the snapshot used to build the state."""
+
+
+class Unguarded(NotTracked):
+    """Schema imp has no DDL guard (its event triggers, ``pg_extensions.ddl_guarded``): an
+    ``ALTER … TYPE … USING`` would change rows the audit never sees, so nothing is tracked or
+    maintained incrementally; recapture stays exact."""
 
 
 class SnapshotRequired(DeltaError):
@@ -181,7 +188,7 @@ class Probe:
 
 
 _PROBE = sql.SQL(
-    "SELECT s.snap, s.iso, s.has_xid, s.exact_floats, t.relid::bigint,"
+    "SELECT s.snap, s.iso, s.has_xid, s.exact_floats, s.guarded, t.relid::bigint,"
     " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     "  WHERE c.oid = t.audit_table), t.epoch,"
@@ -193,7 +200,7 @@ _PROBE = sql.SQL(
     " FROM (SELECT pg_current_snapshot()::text AS snap,"
     " current_setting('transaction_isolation') AS iso,"
     " pg_current_xact_id_if_assigned() IS NOT NULL AS has_xid, "
-    + _EXACT_FLOATS + " AS exact_floats) AS s"
+    + _EXACT_FLOATS + " AS exact_floats, (" + pg_extensions.GUARDED + ") AS guarded) AS s"
     " LEFT JOIN imp.tracked_tables AS t ON t.relid::bigint = ANY({relids}::bigint[])")
 
 _AUDITS_VISIBLE = sql.SQL(
@@ -231,11 +238,14 @@ def probe(conn: psycopg.Connection[Any], relids: Sequence[int]) -> Probe:
 def _probe_result(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> Probe:
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         raise SnapshotRequired("deltas must be read inside an open transaction")
-    snap, iso, has_xid, exact_floats = rows[0][:4]
+    snap, iso, has_xid, exact_floats, guarded = rows[0][:5]
     _check_session(iso, exact_floats)
-    tables = {int(r[4]): TableInfo(int(r[4]), str(r[5]), int(r[6]), bool(r[7]),
-                                   None if r[8] is None else str(r[8]))
-              for r in rows if r[4] is not None and r[5] is not None}
+    if not guarded:
+        raise Unguarded("schema imp has no DDL guard (its event triggers are missing or not"
+                        " enabled ALWAYS)")
+    tables = {int(r[5]): TableInfo(int(r[5]), str(r[6]), int(r[7]), bool(r[8]),
+                                   None if r[9] is None else str(r[9]))
+              for r in rows if r[5] is not None and r[6] is not None}
     return Probe(str(snap), bool(has_xid), tables)
 
 

@@ -345,16 +345,18 @@ def relations(pipeline: Pipeline) -> list[str]:
 
 def tracked(conn: Conn, pipeline: Pipeline) -> bool:
     """True when every table of ``pipeline`` is tracked in conn's current snapshot, with its
-    audit table (one dropped with the guard off is tracked afresh: ``deltas.Probe``)."""
+    audit table (one dropped with the guard off is tracked afresh: ``deltas.Probe``), and
+    schema imp has its DDL guard (``pg_extensions.ddl_guarded``)."""
     if not installed(conn):
         return False
     rels = relations(pipeline)
     row = conn.execute(
-        "SELECT count(DISTINCT t.relid) FROM unnest(%s::text[]) AS r(name)"
+        "SELECT count(DISTINCT t.relid), (" + pg_extensions.GUARDED + ")"
+        " FROM unnest(%s::text[]) AS r(name)"
         " JOIN imp.tracked_tables t ON t.relid = to_regclass(r.name)::oid"
         " WHERE " + deltas.WITH_AUDIT_TABLE,
         (rels,)).fetchone()
-    return row is not None and int(row[0]) == len(set(rels))
+    return row is not None and int(row[0]) == len(set(rels)) and bool(row[1])
 
 
 def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
@@ -367,9 +369,15 @@ def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
     A table tracked already (a query whose snapshot predates its tracking queues it again)
     writes nothing, and then the transaction commits no xid: a commit would start a new
     snapshot for every client — each sketch maintained once more, each answer kept in memory
-    dropped — for no change at all."""
+    dropped — for no change at all.
+
+    Raises :class:`deltas.Unguarded`, tracking nothing, when schema imp has no DDL guard:
+    its audit triggers would slow every write for states that are never built."""
     if not installed(conn):
         pg_extensions.install(conn)
+    if not pg_extensions.ddl_guarded(conn):
+        raise deltas.Unguarded(f"{', '.join(rels)} not tracked: schema imp has no DDL guard"
+                               " (its event triggers need a superuser)")
     with conn.transaction():
         settings.apply(conn)
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))

@@ -33,10 +33,11 @@ from pglast.enums import BoolExprType
 from pglast.stream import RawStream
 from psycopg import sql
 
+import pg_extensions
 from imp_proxy.embedded import LocalPostgres
 from tests.imp_proxy.conftest import ROOT, ProxyProcess
 
-from .conftest import LaunchProxy, stats, via_proxy, wait_until
+from .conftest import LaunchProxy, scalar, stats, via_proxy, wait_until
 
 PASSWORD = "Corr3ct-h0rse-" + uuid.uuid4().hex[:8]
 SERVICE_PASSWORD = "Svc-s3cret-" + uuid.uuid4().hex[:8]
@@ -428,6 +429,40 @@ def test_a_path_the_service_role_may_not_use_never_serves_a_sketch(
         assert _used_soon(p, d, q, "public") == "use"
 
 
+def test_a_schema_imp_without_its_ddl_guard_maintains_nothing(
+        fresh_db: Any, launch: LaunchProxy) -> None:
+    """Schema imp installed by a service role that is no superuser has no event triggers, so
+    an ``ALTER … TYPE … USING`` changes rows the audit never sees. (Found by a helper's
+    search in session 25: through that proxy and through a superuser's proxy that used the
+    same schema as it was, a maintained sketch lost group 3.) Without the guard nothing is
+    tracked and every sketch is kept by recapture; a superuser does not make the guard on
+    that role's functions either (an event trigger runs them for every role's DDL)."""
+    dsn = str(fresh_db())
+    svc, _app, _db = _unprivileged_service(dsn, "guard")
+    as_svc = psycopg.conninfo.make_conninfo(dsn, user=svc)
+    lesser, superuser = launch(upstream=as_svc), launch(upstream=dsn)
+    q = "SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
+    unprepared = {"autocommit": True, "prepare_threshold": None}   # the ALTER changes types
+    with psycopg.connect(via_proxy(dsn, lesser.port), **unprepared) as pl, \
+            psycopg.connect(via_proxy(dsn, superuser.port), **unprepared) as ps, \
+            psycopg.connect(dsn, **unprepared) as d:
+        for n in range(6):   # captures, then (were the tables tracked) maintenances
+            for p in (pl, ps):
+                _same_rows(p, d, q, f"round {n}")
+            d.execute("UPDATE t SET v = v + 1 WHERE g = %s", (900 + n,))
+            time.sleep(0.3)
+        with psycopg.connect(as_svc, autocommit=True) as c:
+            c.execute("ALTER TABLE t ALTER COLUMN v TYPE bigint"
+                      " USING CASE WHEN g = 3 THEN v * 3 ELSE v END")
+        assert (3,) in [r[:1] for r in d.execute(q).fetchall()]
+        for _ in range(3):
+            for p, how in ((pl, "the service role's proxy"), (ps, "a superuser's proxy")):
+                _same_rows(p, d, q, how)
+        pg_extensions.install(d)
+        assert scalar(dsn, "SELECT count(*) FROM pg_event_trigger") == 0
+        assert scalar(dsn, "SELECT count(*) FROM imp.tracked_tables") == 0
+
+
 COLL_Q = ("SELECT w, count(*) FROM ct WHERE s < 'b' COLLATE coll GROUP BY w"
           " HAVING count(*) > 5 ORDER BY w")
 
@@ -497,6 +532,46 @@ def test_a_session_in_another_timezone_never_uses_the_service_connections_sketch
                     break
             if tz is None:
                 assert int(stats(p)["proxy.used"]) > 0
+
+
+@pytest.mark.parametrize("other", ["TimeZone=Asia/Tokyo", "DateStyle=ISO,DMY", None])
+def test_a_proxy_with_other_settings_never_loads_anothers_sketch(
+        fresh_db: Any, launch: LaunchProxy, other: str | None) -> None:
+    """Two proxies on one database, each with sessions of its own service connection's
+    TimeZone or DateStyle (so none passes through for its settings): proxy B never loads a
+    sketch proxy A captured under other settings. (Found by a helper's search in session 25:
+    B's top-k answered with A's sketch, 0 rows instead of 3.) With the same settings B loads
+    A's sketch: its first query uses it."""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE te (id int PRIMARY KEY, ts timestamptz NOT NULL,"
+                  " g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO te SELECT i, timestamptz '2020-01-01 00:00+00'"
+                  " + i * interval '10 minutes', i % 40, i FROM generate_series(0, 2000) i")
+        c.execute("ANALYZE te")
+    utc = psycopg.conninfo.make_conninfo(dsn, options="-c TimeZone=UTC -c DateStyle=ISO,MDY")
+    b_dsn = utc if other is None else psycopg.conninfo.make_conninfo(
+        dsn, options=f"-c TimeZone=UTC -c DateStyle=ISO,MDY -c {other}")
+    queries = ["SELECT id, v FROM te WHERE ts < '01/03/2020 12:00' ORDER BY v DESC, id LIMIT 3",
+               "SELECT g, count(*) FROM te WHERE ts >= '2020-01-14 06:00' GROUP BY g"
+               " HAVING count(*) > 1 ORDER BY g"]
+    a = launch(upstream=utc)
+    with psycopg.connect(via_proxy(utc, a.port), autocommit=True) as p, \
+            psycopg.connect(utc, autocommit=True) as d:
+        for q in queries:
+            _same_rows(p, d, q, "proxy A")
+        assert wait_until(lambda: scalar(dsn, "SELECT count(*) FROM imp.tracked_tables") == 1)
+        for q in queries:   # kept from now on by its state, which B may load
+            assert _used_soon(p, d, q, "proxy A") == "use"
+    b = launch(upstream=b_dsn)
+    with psycopg.connect(via_proxy(b_dsn, b.port), autocommit=True) as p, \
+            psycopg.connect(b_dsn, autocommit=True) as d:
+        for q in queries:
+            decision = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())["decision"]
+            assert decision == ("use" if other is None else "capture"), (other, q, decision)
+            for _ in range(3):
+                _same_rows(p, d, q, f"proxy B ({other})")
+            assert len(d.execute(q).fetchall()) > 0
 
 
 @pytest.mark.parametrize("setting", ["TimeZone = 'Asia/Tokyo'", "DateStyle = 'SQL, DMY'",
@@ -604,6 +679,34 @@ def test_sessions_that_read_literals_otherwise_get_postgresqls_answers(
                 q = queries[setting.split()[0]]
                 explain = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())
                 assert explain["decision"] == "passthrough", explain
+
+
+def test_a_service_connection_without_standard_strings_serves_no_sketch(
+        fresh_db: Any, launch: LaunchProxy) -> None:
+    """Sessions and service connection alike with standard_conforming_strings off: the
+    settings are the same, but pglast reads the text with standard strings and prints the
+    range bounds so, which PostgreSQL then reads with escapes. (Found by a helper's search in
+    session 25: 0 rows instead of 1000.) Every query passes through."""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE bx (s text NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO bx SELECT CASE i % 3 WHEN 0 THEN 'a\\b' WHEN 1 THEN 'a\\\\b'"
+                  " ELSE 'zz' || i END, i FROM generate_series(1, 3000) i")
+        c.execute("ANALYZE bx")
+    off = psycopg.conninfo.make_conninfo(dsn, options="-c standard_conforming_strings=off"
+                                                      " -c escape_string_warning=off")
+    proxy = launch(upstream=off)
+    q = ("SELECT s, count(*) FROM bx WHERE s = 'a\\\\b' GROUP BY s HAVING count(*) > 5"
+         " ORDER BY s")
+    with psycopg.connect(via_proxy(off, proxy.port), autocommit=True) as p, \
+            psycopg.connect(off, autocommit=True) as d:
+        assert d.execute("SHOW standard_conforming_strings").fetchone() == ("off",)
+        assert len(d.execute(q).fetchall()) == 1
+        for _ in range(3):
+            _same_rows(p, d, q, "standard_conforming_strings off")
+        explain = dict(p.execute(f"IMP EXPLAIN {q}").fetchall())
+        assert explain["decision"] == "passthrough", explain
+        assert "standard_conforming_strings" in explain["reason"], explain
 
 
 @pytest.mark.parametrize("hook", [None, "sketches.manager:SketchManager"])

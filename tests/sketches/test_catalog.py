@@ -54,3 +54,25 @@ def test_partition_and_sketch_roundtrip(conn: psycopg.Connection[Any]) -> None:
     assert catalog.load_sketches(conn, "tmpl") == []
     assert catalog.delete_sketch(conn, sid)
     assert not catalog.delete_sketch(conn, sid)
+
+    conn.execute("SET TimeZone = 'Asia/Tokyo'")
+    tokyo = catalog.save_sketch(conn, sketch)
+    conn.execute("SET extra_float_digits = 0")
+    assert catalog.load_sketches(conn, "tmpl") == []
+    conn.execute("SET extra_float_digits = 3")   # prints floats as 1 does
+    assert [s.id for s in catalog.load_sketches(conn, "tmpl")] == [tokyo]
+    conn.execute("RESET TimeZone")
+    assert catalog.load_sketches(conn, "tmpl") == []
+    conn.execute("RESET extra_float_digits")
+
+
+def test_a_catalog_of_an_older_version_is_brought_up_to_date(
+        conn: psycopg.Connection[Any]) -> None:
+    """Sketches record their settings since session 25: a catalog without the column is
+    installed again (idempotently) by the first query, not left failing every capture."""
+    catalog.ensure_installed(conn)
+    conn.execute("ALTER TABLE imp.sketches DROP COLUMN settings")
+    conn.execute("UPDATE imp.schema_version SET checksum = 'older' WHERE version = 1")
+    assert not catalog.is_installed(conn)
+    assert catalog.ensure_installed(conn)
+    assert catalog.is_installed(conn)

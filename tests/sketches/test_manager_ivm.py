@@ -1229,7 +1229,9 @@ def test_random_update_sequences(db: str, strategy: str,
 def test_sketches_captured_under_another_datestyle(db: str) -> None:
     """A partition built under ``SQL, DMY`` kept its bounds as ``01/06/2020``; the sketch's
     instrumented query, run by a session under ``SQL, MDY`` (and by a restarted manager),
-    read 6 January and skipped the rows of 1 June (found: 0 rows instead of 3)."""
+    read 6 January and skipped the rows of 1 June (found: 0 rows instead of 3). A restarted
+    manager loads a stored sketch only under the settings it was captured under (since
+    session 25: another proxy's sketch read ``'01/03/2020'`` as another day)."""
     q = "SELECT id, d FROM dsx WHERE d >= DATE '2020-06-01' ORDER BY d, id LIMIT 3"
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("DROP TABLE IF EXISTS dsx")
@@ -1245,6 +1247,13 @@ def test_sketches_captured_under_another_datestyle(db: str) -> None:
             assert check(m, c, q, None).sketch_id == first.sketch_id
         finally:
             m.close()
+        m = SketchManager(SketchSettings(fragments=10))
+        try:
+            again = check(m, c, q, None)
+            assert again.decision == "capture" and again.sketch_id != first.sketch_id
+        finally:
+            m.close()
+        c.execute("SET DateStyle = 'SQL, DMY'")
         m = SketchManager(SketchSettings(fragments=10))
         try:
             assert check(m, c, q, None).sketch_id == first.sketch_id
