@@ -132,7 +132,8 @@ class BatchShape:
 
 
 def batch_shape(data: bytes, pos: int, max_size: int,
-                statements: Mapping[str, tuple[str, tuple[int, ...]]]) -> BatchShape | None:
+                statements: Mapping[str, tuple[str, tuple[int, ...], int]]
+                ) -> BatchShape | None:
     """The batch starting at ``pos`` if it is complete in ``data`` and has the one shape the
     proxy wraps (one Execute without a row limit, on the portal just bound); else None.
     Without a Parse, only a named statement's batch, with the SQL and types ``statements``
@@ -164,7 +165,7 @@ def batch_shape(data: bytes, pos: int, max_size: int,
             return None
         sql, types = parse.sql, parse.param_types
     elif bind.statement and bind.statement in statements:  # the unnamed one cannot be checked
-        sql, types = statements[bind.statement]
+        sql, types, _seen = statements[bind.statement]
     else:
         return None
     if DESCRIBE in raw:

@@ -145,11 +145,12 @@ class Session(LocalAdmin):
         self.local_error = False
         self.admin_stmts: dict[str, admin.AdminCommand] = {}
         self.admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]] = {}
-        # named statement -> (sql, parameter type oids) of its last Parse seen, tracked only
-        # while sketching is on, for sketch candidates; may be stale (a failed or skipped
-        # Parse, DEALLOCATE, DISCARD ALL), so a wrapping checks it against
-        # pg_prepared_statements first. Bounded (_remember_statement): the least recently used go
-        self.statements: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
+        # named statement -> (sql, parameter type oids, ParameterStatus messages seen) of its
+        # last Parse seen, tracked only while sketching is on, for sketch candidates; may be
+        # stale (a failed or skipped Parse, DEALLOCATE, DISCARD ALL), so a wrapping checks it
+        # against pg_prepared_statements first. Bounded (_remember_statement): the least
+        # recently used go
+        self.statements: OrderedDict[str, tuple[str, tuple[int, ...], int]] = OrderedDict()
         self._statement_chars = 0        # the recorded texts' total length
         self.tasks: set[asyncio.Task[None]] = set()
         self._shape: intercept.BatchShape | None = None
@@ -397,7 +398,9 @@ class Session(LocalAdmin):
             known = self.statements.get(stmt)
             if known is not None:
                 self.statements.move_to_end(stmt)
-                if self._batch_candidate(data, pos, known[0]):
+                # a setting changed since its Parse: PostgreSQL keeps what the text meant then
+                if known[2] == self.scanner.parameters and self._batch_candidate(
+                        data, pos, known[0]):
                     return "wrap"
         if typ == CLOSE and self.statements and data[pos + 5] == ord("S"):
             self._forget_statement(codec.decode_close(bytes(data[pos:end])).name)
@@ -411,10 +414,19 @@ class Session(LocalAdmin):
         Parsed and DEALLOCATEd). Recognising those texts exactly is not cheap (comments,
         quoted and case-folded names, several statements in one Query, a ``DEALLOCATE`` run
         by a function); a record dropped only means the statement's Parse-less batches pass
-        through, as a stale one is found to (the wrapping checks pg_prepared_statements)."""
+        through, as a stale one is found to (the wrapping checks pg_prepared_statements).
+
+        The record keeps how many ParameterStatus messages the session had seen: a batch
+        without a Parse is wrapped only while that count is the same. Why: PostgreSQL reads
+        a statement's text under the settings of its Parse, and a wrapping under the current
+        ones (found by a regression search in session 25: a statement prepared under
+        Pacific/Kiritimati and run after ``RESET TimeZone`` counted 453 rows for 455, and
+        one prepared with standard_conforming_strings off read ``'a\\b'`` as two
+        backslashes). The session is idle when such a batch is looked at, so every
+        ParameterStatus before it has been seen."""
         self._forget_statement(name)
         records = self.statements
-        records[name] = (sql, types)
+        records[name] = (sql, types, self.scanner.parameters)
         self._statement_chars += len(sql)
         while records and (len(records) > MAX_STATEMENT_RECORDS
                            or self._statement_chars > MAX_STATEMENT_CHARS):
@@ -518,7 +530,8 @@ class Session(LocalAdmin):
         reader, self.reader = self.reader, None
         if reader is not None and reader.pending:
             rest = reader.take_rest()
-            self.client.write(rest)
+            if not self.client.is_closing():   # uvloop raises on a closed transport
+                self.client.write(rest)
             self.scanner.feed(rest)
 
     async def exchange_with_upstream(self, payload: bytes, ready: int, forward: int = 0,

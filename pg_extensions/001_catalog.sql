@@ -52,6 +52,9 @@ ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS param_types text[];
 -- whether extra_float_digits > 0): it is loaded only by a connection with the same ones; NULL
 -- in older rows, which are captured again rather than loaded.
 ALTER TABLE imp.sketches ADD COLUMN IF NOT EXISTS settings text[];
+-- no manager loads those rows, and their persisted states would hold back the audit-row
+-- garbage collection for ever: invalidated (the garbage collection deletes them)
+UPDATE imp.sketches SET valid = false WHERE settings IS NULL AND valid;
 CREATE INDEX IF NOT EXISTS sketches_template_idx ON imp.sketches (template) WHERE valid;
 
 -- The fragment set of each sketched table of a sketch (ordinal = position in tables[]).

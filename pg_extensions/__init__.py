@@ -83,8 +83,8 @@ DDL_GUARD = ("imp_ddl_end", "imp_ddl_drop", "imp_audit_guard")
 
 GUARDED = ("SELECT count(*) = 3 FROM pg_catalog.pg_event_trigger WHERE evtname IN ("
             + ", ".join(f"'{n}'" for n in DDL_GUARD) + ") AND evtenabled = 'A'")
-"""True when the DDL guard is there and fires ALWAYS; an expression for other statements too
-(``pg_event_trigger`` is readable by every role)."""
+"""True when the DDL guard is there and fires ALWAYS; a query for other statements to embed
+too (``pg_event_trigger`` is readable by every role)."""
 
 
 def _guard_sql() -> bytes:

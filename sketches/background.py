@@ -88,6 +88,7 @@ class Background(threading.Thread):
         self._conn: psycopg.Connection[Any] | None = None
         self._last_state = time.monotonic()
         self.rounds = 0
+        self._told_unguarded = False   # logged once at INFO: every capture queues tracking
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -173,7 +174,8 @@ class Background(threading.Thread):
             try:
                 incremental.track(conn, [rel], session)
             except deltas.Unguarded as exc:   # recapture keeps its sketches: not queued again
-                log.info("%s", exc)
+                (log.debug if self._told_unguarded else log.info)("%s", exc)
+                self._told_unguarded = True
             except psycopg.Error as exc:  # e.g. lock_timeout behind a long writer: retry
                 log.info("tracking %s postponed: %s", rel, exc)
                 with self.manager._lock:

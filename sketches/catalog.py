@@ -262,6 +262,17 @@ def load_sketches(conn: psycopg.Connection[Any], template: str) -> list[StoredSk
     return out
 
 
+def other_settings(conn: psycopg.Connection[Any], template: str) -> list[int]:
+    """Ids of the valid sketches of ``template`` captured under other settings than conn's,
+    which :func:`load_sketches` leaves out: the manager invalidates them once they have gone
+    unloaded for its ``idle_evict_after`` (their persisted states hold back the audit-row
+    garbage collection for as long as they are valid)."""
+    rows = conn.execute(sql.SQL(
+        "SELECT id FROM imp.sketches WHERE template = %s AND valid"
+        " AND settings IS DISTINCT FROM {}").format(_SETTINGS_NOW), (template,)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def update_counters(conn: psycopg.Connection[Any], sketch_id: int, uses: int,
                     maintenances: int) -> None:
     """Adds ``uses``/``maintenances`` to the sketch's counters and stamps ``last_used``."""

@@ -230,6 +230,12 @@ class SketchManager(IncrementalMaintenance):
         self._evicted: dict[int, float] = {}
         """Ids of sketches evicted from memory whose catalog rows the background thread has
         yet to invalidate (:meth:`unpersist_evicted`), with when they were queued."""
+        self._other_settings: dict[int, float] = {}
+        """Ids of the catalog's sketches captured under other settings (never loaded here),
+        with when a load first left them out: :meth:`evict_idle` invalidates them after
+        ``idle_evict_after`` (found by a regression search in session 25: after a restart
+        under another TimeZone, the old sketches' states held back the audit-row garbage
+        collection for ever)."""
 
     # ---- classification --------------------------------------------------------------
 
@@ -696,6 +702,15 @@ class SketchManager(IncrementalMaintenance):
         if evicted:
             self._count("evicted_idle", evicted)
             log.info("%d sketch(es) unused for %s s evicted", evicted, after)
+        with self._lock:
+            unloaded = [sid for sid, seen in self._other_settings.items() if seen <= cutoff]
+            for sid in unloaded:
+                del self._other_settings[sid]
+        if unloaded:   # another proxy's may be in use: its watermark check recaptures it
+            self._queue_unpersist(unloaded)
+            self._count("evicted_other_settings", len(unloaded))
+            log.info("%d sketch(es) of other settings unloaded for %s s invalidated",
+                     len(unloaded), after)
         return evicted
 
     def unpersist_evicted(self, conn: psycopg.Connection[Any]) -> int:
@@ -1092,8 +1107,11 @@ class SketchManager(IncrementalMaintenance):
         """The catalog's sketches of ``template`` that were captured on ``relations``; the
         others are left to be captured again."""
         loaded: list[_Entry] = []
+        others, seen = catalog.other_settings(conn, template), time.time()
         with self._lock:
             evicted = set(self._evicted)
+            for sid in others:
+                self._other_settings.setdefault(sid, seen)
         for stored in catalog.load_sketches(conn, template):
             if stored.id in evicted:   # evicted, not yet invalidated
                 continue

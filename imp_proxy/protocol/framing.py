@@ -24,6 +24,7 @@ MAX_STARTUP_PACKET = 10000
 #: PostgreSQL's limit for one message (PQ_LARGE_MESSAGE_LIMIT: MaxAllocSize - 1)
 DEFAULT_MAX_MESSAGE = 0x3FFFFFFF - 1
 READY_FOR_QUERY = 90  # b"Z"
+_PARAMETER_STATUS = 83  # b"S"
 
 
 class ProtocolViolation(Exception):
@@ -139,17 +140,20 @@ class BoundaryScanner:
     """Follows message boundaries of a byte stream without buffering or copying it.
 
     Used on the upstream→client direction of the relay: the caller forwards each chunk
-    unchanged and only learns how many ReadyForQuery messages it completed and the last
-    transaction status. Cost is one header unpack per message; bodies are skipped.
+    unchanged and only learns how many ReadyForQuery messages it completed, the last
+    transaction status and how many ParameterStatus messages began (``parameters``: a
+    setting PostgreSQL reports changed, also by a rollback or inside a function). Cost is
+    one header unpack per message; bodies are skipped.
     """
 
-    __slots__ = ("_skip", "_head", "_zpend", "status")
+    __slots__ = ("_skip", "_head", "_zpend", "status", "parameters")
 
     def __init__(self) -> None:
         self._skip = 0          # bytes of the current message body not yet seen
         self._head = b""        # a header split across chunks (< 5 bytes)
         self._zpend = False     # the current (split) message is ReadyForQuery
         self.status = 73        # b"I": last ReadyForQuery status seen
+        self.parameters = 0     # ParameterStatus messages begun
 
     @property
     def at_boundary(self) -> bool:
@@ -173,6 +177,8 @@ class BoundaryScanner:
                 raise ProtocolViolation(f"invalid message length {length}")
             self._skip = length - 4
             self._zpend = head[0] == READY_FOR_QUERY
+            if head[0] == _PARAMETER_STATUS:
+                self.parameters += 1
             if self._skip == 0 and self._zpend:  # pragma: no cover - Z always has a body
                 self._zpend = False
         if self._skip:
@@ -190,11 +196,14 @@ class BoundaryScanner:
             if length < 4:
                 raise ProtocolViolation(f"invalid message length {length}")
             end = pos + 1 + length
+            typ = data[pos]
+            if typ == _PARAMETER_STATUS:
+                self.parameters += 1
             if end > n:
                 self._skip = end - n
-                self._zpend = data[pos] == READY_FOR_QUERY
+                self._zpend = typ == READY_FOR_QUERY
                 return count
-            if data[pos] == READY_FOR_QUERY:
+            if typ == READY_FOR_QUERY:
                 self.status = data[end - 1]
                 count += 1
             pos = end

@@ -78,13 +78,16 @@ def test_message_reader_across_chunks() -> None:
 
 @pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 100])
 def test_boundary_scanner_counts_ready_for_query(step: int) -> None:
-    # a DataRow whose payload looks like a ReadyForQuery must not be counted
+    # a DataRow whose payload looks like a ReadyForQuery (or a ParameterStatus) must not be
+    # counted; the ParameterStatus of a SET is
     fake = b"Z\x00\x00\x00\x05E"
+    status = b"S\x00\x00\x00\x11TimeZone\x00UTC\x00"
     stream = (b"T\x00\x00\x00\x1a\x00\x01a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x19"
               b"\xff\xff\xff\xff\xff\xff\x00\x00"
               + b"D\x00\x00\x00\x10\x00\x01\x00\x00\x00\x06" + fake
+              + b"D\x00\x00\x00\x1c\x00\x01\x00\x00\x00\x12" + status
               + b"C\x00\x00\x00\x0dSELECT 1\x00" + b"Z\x00\x00\x00\x05T"
-              + b"Z\x00\x00\x00\x05I")
+              + status + b"Z\x00\x00\x00\x05I")
     s = BoundaryScanner()
     seen = []
     total = 0
@@ -94,6 +97,7 @@ def test_boundary_scanner_counts_ready_for_query(step: int) -> None:
     assert total == 2
     assert s.status == ord("I") and s.at_boundary
     assert "E" not in seen
+    assert s.parameters == 1
 
 
 def test_boundary_scanner_to_boundary() -> None:

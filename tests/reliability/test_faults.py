@@ -520,6 +520,36 @@ def test_an_audit_table_dropped_with_the_guard_off_is_tracked_afresh(
     _assert_exact(proxied, direct)
 
 
+@pytest.mark.parametrize("off", ["disabled", "dropped"])
+def test_a_guard_made_again_tracks_every_table_afresh(sketch_proxy: ProxyProcess,
+                                                      fresh_db: Any, off: str) -> None:
+    """DDL while the DDL guard was off by hand goes unseen (an ``ALTER … TYPE … USING``
+    rewrites rows without a row trigger), and a guard enabled or made again by
+    ``imp-proxy install`` (``pg_extensions.install``) did not say so (found by a regression
+    search in session 25: group 7 missing). Now a guard made or enabled anew untracks every
+    table: each state is rebuilt, and the answers stay exact."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, sketch_proxy.port)
+    with psycopg.connect(direct, autocommit=True) as c:
+        pg_extensions.install(c)
+        c.execute("SELECT imp.track_table('t')")
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    _write(direct, (3,))
+    _assert_exact(proxied, direct)   # maintained
+    with psycopg.connect(direct, autocommit=True) as c:
+        if off == "disabled":
+            c.execute("ALTER EVENT TRIGGER imp_ddl_end DISABLE")
+        else:
+            c.execute("DROP EVENT TRIGGER imp_ddl_end")
+        c.execute("ALTER TABLE t ALTER COLUMN v TYPE bigint"
+                  " USING CASE WHEN g = 7 THEN v * 100 ELSE v END")
+        pg_extensions.install(c)
+        assert pg_extensions.ddl_guarded(c)
+    for _ in range(3):
+        _assert_exact(proxied, direct)
+
+
 @pytest.mark.parametrize("bypass", ["disable-trigger", "disable-all-triggers",
                                     "replication-role-replica"])
 def test_writes_that_bypass_triggers_still_reach_the_audit(sketch_proxy: ProxyProcess,

@@ -461,6 +461,11 @@ def test_a_schema_imp_without_its_ddl_guard_maintains_nothing(
         pg_extensions.install(d)
         assert scalar(dsn, "SELECT count(*) FROM pg_event_trigger") == 0
         assert scalar(dsn, "SELECT count(*) FROM imp.tracked_tables") == 0
+        # as an earlier version made it, on the role's function: a superuser's install drops it
+        d.execute("CREATE EVENT TRIGGER imp_ddl_end ON ddl_command_end"
+                  " EXECUTE FUNCTION imp._ddl_end()")
+        pg_extensions.install(d)
+        assert scalar(dsn, "SELECT count(*) FROM pg_event_trigger") == 0
 
 
 COLL_Q = ("SELECT w, count(*) FROM ct WHERE s < 'b' COLLATE coll GROUP BY w"
@@ -572,6 +577,46 @@ def test_a_proxy_with_other_settings_never_loads_anothers_sketch(
             for _ in range(3):
                 _same_rows(p, d, q, f"proxy B ({other})")
             assert len(d.execute(q).fetchall()) > 0
+
+
+@pytest.mark.parametrize("setting", ["TimeZone = 'Pacific/Kiritimati'",
+                                     "standard_conforming_strings = off"])
+def test_a_prepared_statement_keeps_the_settings_of_its_parse(
+        fresh_db: Any, sketch_proxy: ProxyProcess, setting: str) -> None:
+    """PostgreSQL reads a statement's text under the settings of its Parse; a Bind without a
+    Parse after a ``RESET`` was wrapped under the current ones. (Found by a regression search
+    in session 25: 453 rows counted for 455, and ``'a\\\\b'`` read as two backslashes.) Such
+    a statement passes through; one parsed under the current settings keeps its sketch."""
+    dsn = str(fresh_db())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE tp (id int PRIMARY KEY, ts timestamptz NOT NULL,"
+                  " g int NOT NULL, s text NOT NULL)")
+        c.execute("INSERT INTO tp SELECT i, timestamptz '2020-01-01 00:00+00'"
+                  " + i * interval '10 minutes', i % 40, CASE WHEN i % 3 = 0 THEN 'a\\b'"
+                  " WHEN i % 3 = 1 THEN 'a\\\\b' ELSE 'zz' END FROM generate_series(0, 20000) i")
+        c.execute("ANALYZE tp")
+    name = setting.split()[0]
+    q = ("SELECT g, count(*) FROM tp WHERE ts >= '2020-01-14 06:00' GROUP BY g"
+         " HAVING count(*) > 1 ORDER BY g") if name == "TimeZone" else (
+        "SELECT g, count(*) FROM tp WHERE s = 'a\\\\b' GROUP BY g HAVING count(*) > 1"
+        " ORDER BY g")
+    with psycopg.connect(via_proxy(dsn, sketch_proxy.port), autocommit=True) as p, \
+            psycopg.connect(dsn, autocommit=True) as d:
+        for c in (p, d):
+            c.execute("SET escape_string_warning = off")
+        assert _used_soon(p, d, q, "default") == "use"
+        for c in (p, d):
+            c.execute(f"SET {setting}")
+            c.execute(q, prepare=True).fetchall()   # parsed under the setting
+            c.execute(f"RESET {name}")
+        before = d.execute(q, prepare=False).fetchall()
+        assert d.execute(q, prepare=True).fetchall() != before   # the Parse's meaning
+        used = int(stats(p)["proxy.used"])
+        for _ in range(3):
+            got, want = p.execute(q, prepare=True).fetchall(), d.execute(q, prepare=True).fetchall()
+            assert got == want, (setting, got[:3], want[:3])
+        assert int(stats(p)["proxy.used"]) == used
+        assert _used_soon(p, d, q, "default again") == "use"
 
 
 @pytest.mark.parametrize("setting", ["TimeZone = 'Asia/Tokyo'", "DateStyle = 'SQL, DMY'",

@@ -63,6 +63,7 @@ def test_partition_and_sketch_roundtrip(conn: psycopg.Connection[Any]) -> None:
     assert [s.id for s in catalog.load_sketches(conn, "tmpl")] == [tokyo]
     conn.execute("RESET TimeZone")
     assert catalog.load_sketches(conn, "tmpl") == []
+    assert catalog.other_settings(conn, "tmpl") == [tokyo]
     conn.execute("RESET extra_float_digits")
 
 
@@ -73,6 +74,13 @@ def test_a_catalog_of_an_older_version_is_brought_up_to_date(
     catalog.ensure_installed(conn)
     conn.execute("ALTER TABLE imp.sketches DROP COLUMN settings")
     conn.execute("UPDATE imp.schema_version SET checksum = 'older' WHERE version = 1")
+    row = conn.execute("INSERT INTO imp.sketches (template, query_text, tables, attributes,"
+                       " partition_ids, version) VALUES ('old', 'SELECT 1', '{}', '{}', '{}',"
+                       " pg_current_snapshot()) RETURNING id").fetchone()
+    assert row is not None
     assert not catalog.is_installed(conn)
     assert catalog.ensure_installed(conn)
     assert catalog.is_installed(conn)
+    # loaded by no manager, its state would hold back the garbage collection: invalid
+    assert conn.execute("SELECT valid FROM imp.sketches WHERE id = %s", row).fetchone() \
+        == (False,)

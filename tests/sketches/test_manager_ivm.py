@@ -1621,6 +1621,41 @@ def test_an_idle_sketch_is_evicted_and_no_longer_holds_audit_rows(db: str) -> No
             m.close()
 
 
+def test_a_sketch_of_other_settings_is_invalidated_once_unloaded_for_long(db: str) -> None:
+    """A manager loads only the sketches captured under its connection's settings. Found by a
+    regression search in session 25: after a restart under another TimeZone, the old
+    sketches were never loaded, so never evicted, and their persisted states held back the
+    audit-row garbage collection for ever. A sketch a load left out for ``idle_evict_after``
+    seconds is invalidated, and its table's audit rows are collected."""
+    with psycopg.connect(db, autocommit=True) as c:
+        _grouped_table(c, "ev_tz")
+        c.execute("SET TimeZone = 'UTC'")
+        settings = SketchSettings(fragments=10, strategy="lazy", state_interval=0.2,
+                                  idle_evict_after=2.0)
+        before = SketchManager(settings)
+        try:
+            old = check(before, c, _hav("ev_tz"), None, exact=True)
+            wait_for(lambda: _stored(c, old.sketch_id) is not None)  # its state persisted
+        finally:
+            before.close()
+        c.execute("SET TimeZone = 'Asia/Tokyo'")
+        m = SketchManager(settings)
+        try:
+            deadline, n = time.monotonic() + 30, 0
+            while not (_stored(c, old.sketch_id) is None and _audit_rows(c, "ev_tz") == 0
+                       and c.execute("SELECT valid FROM imp.sketches WHERE id = %s",
+                                     (old.sketch_id,)).fetchone() in (None, (False,))):
+                assert time.monotonic() < deadline, (n, m.stats(), _audit_rows(c, "ev_tz"))
+                n += 1
+                c.execute("UPDATE ev_tz SET v = v + 1 WHERE id = %s", (n % 300 + 1,))
+                p = check(m, c, _hav("ev_tz"), None, exact=True)
+                assert p.sketch_id != old.sketch_id
+                time.sleep(0.1)
+            assert m.stats()["evicted_other_settings"] == 1
+        finally:
+            m.close()
+
+
 @pytest.fixture
 def own_db(admin_dsn: str) -> Iterator[str]:
     """A database of its own: the module's holds other tests' valid sketches, whose older
