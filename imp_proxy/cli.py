@@ -387,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
+    # also when started ignoring it (a background job of a shell without job control): the
+    # event loop takes it later anyway, and one ignored during the embedded cluster's start
+    # left serve running (found in CI: `nohup bash .ci/run &`)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if args.command == "serve":
             return cmd_serve(args)

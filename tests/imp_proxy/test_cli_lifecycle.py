@@ -46,12 +46,21 @@ def one_line_error(res: subprocess.CompletedProcess[str], status: int = 2) -> No
     assert "s3cret" not in res.stderr + res.stdout
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Serve:
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    """``imp-proxy serve`` of this checkout; ``ignoring_sigint``: started as a shell without
+    job control starts a background job, with SIGINT ignored."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 ignoring_sigint: bool = False) -> None:
         e = {**os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="imp-hunt-", suffix=".log")
         self.proc = subprocess.Popen([EXE, "serve", *args], stdout=self.log, stderr=self.log,
-                                     env=e, cwd=ROOT, text=True)
+                                     env=e, cwd=ROOT, text=True,
+                                     preexec_fn=_ignore_sigint if ignoring_sigint else None)
         self.port: int | None = None
 
     def output(self) -> str:
@@ -256,14 +265,20 @@ def _wait_for(path: Path, s: Serve, timeout: float = 90) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_while_embedded_server_starts_leaves_nothing(data_dir: Path, sig: int) -> None:
+@pytest.mark.parametrize(("sig", "ignoring"), [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                               (signal.SIGINT, True)])
+def test_signal_while_embedded_server_starts_leaves_nothing(data_dir: Path, sig: int,
+                                                            ignoring: bool) -> None:
+    """``ignoring``: a serve started with SIGINT ignored (a background job of a shell
+    without job control, as ``nohup bash .ci/run &`` runs the suite) ignored one during the
+    embedded cluster's start and kept running (found: this test failed in such CI runs)."""
     log = data_dir / "pg" / "server.log"  # opened just before postgres is spawned
-    s = Serve("--listen", "127.0.0.1:0", "--data-dir", str(data_dir), "--no-sketches")
+    s = Serve("--listen", "127.0.0.1:0", "--data-dir", str(data_dir), "--no-sketches",
+              ignoring_sigint=ignoring)
     try:
         _wait_for(log, s)
         s.proc.send_signal(sig)
-        s.proc.wait(90)   # the server started, then stopped (CI: over 30 s at load 8)
+        s.proc.wait(30)
         time.sleep(2)
         left = server_pids(str(data_dir))
     finally:
