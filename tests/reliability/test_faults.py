@@ -478,6 +478,19 @@ def test_audit_object_dropped_by_hand(sketch_proxy: ProxyProcess, fresh_db: Any,
     _assert_exact(proxied, direct)
 
 
+def _tracked_and_used(proxy: ProxyProcess, fresh_db: Any) -> tuple[str, str]:
+    """A new database whose table ``t`` (50,000 rows) is tracked and sketched through
+    ``proxy``: (its DSN, the DSN through the proxy)."""
+    direct = fresh_db()
+    _load_table(direct, 50_000)
+    proxied = via_proxy(direct, proxy.port)
+    with psycopg.connect(direct, autocommit=True) as c:
+        pg_extensions.install(c)
+        c.execute("SELECT imp.track_table('t')")
+    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    return direct, proxied
+
+
 def test_an_audit_table_dropped_with_the_guard_off_is_tracked_afresh(
         sketch_proxy: ProxyProcess, fresh_db: Any) -> None:
     """The audit table dropped while the guard (the event trigger) is off: writes go ahead as
@@ -485,13 +498,7 @@ def test_an_audit_table_dropped_with_the_guard_off_is_tracked_afresh(
     moved the table's epoch, and the second writer failed with 40001) — answers stay exact,
     and the table is tracked afresh and sketched again (found: every prepare failed for
     good, the table was never sketched again)."""
-    direct = fresh_db()
-    _load_table(direct, 50_000)
-    proxied = via_proxy(direct, sketch_proxy.port)
-    with psycopg.connect(direct, autocommit=True) as c:
-        pg_extensions.install(c)
-        c.execute("SELECT imp.track_table('t')")
-    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    direct, proxied = _tracked_and_used(sketch_proxy, fresh_db)
     [(_, audit)] = _tracked(direct)
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute("ALTER EVENT TRIGGER imp_audit_guard DISABLE")
@@ -528,13 +535,7 @@ def test_a_guard_made_again_tracks_every_table_afresh(sketch_proxy: ProxyProcess
     ``imp-proxy install`` (``pg_extensions.install``) did not say so (found by a regression
     search in session 25: group 7 missing). Now a guard made or enabled anew untracks every
     table: each state is rebuilt, and the answers stay exact."""
-    direct = fresh_db()
-    _load_table(direct, 50_000)
-    proxied = via_proxy(direct, sketch_proxy.port)
-    with psycopg.connect(direct, autocommit=True) as c:
-        pg_extensions.install(c)
-        c.execute("SELECT imp.track_table('t')")
-    _rounds_until_used(proxied, direct, _stat(proxied, "proxy.used"))
+    direct, proxied = _tracked_and_used(sketch_proxy, fresh_db)
     _write(direct, (3,))
     _assert_exact(proxied, direct)   # maintained
     with psycopg.connect(direct, autocommit=True) as c:
