@@ -1,7 +1,7 @@
 """What session 25's DDL-guard check adds to every delta read's probe: the probe's first
 columns with and without ``pg_extensions.GUARDED``, prepared, alternating blocks of 2,000
 executions on a throwaway cluster (run from the checkout's root:
-``.venv/bin/python bench/results/guard-cost-s25/run.py``)."""
+``.venv/bin/python bench/results/guard-cost-s25/guard_cost.py``)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 alternating blocks over the same bytes: pgbench -S replies (RowDescription, DataRow,
 CommandComplete, ReadyForQuery, one chunk each) and a large result (10,000 DataRows in
 64 KiB chunks). Run from the checkout's root: ``.venv/bin/python
-bench/results/scanner-s25/run.py``."""
+bench/results/scanner-s25/scanner_cost.py``."""
 
 from __future__ import annotations
 
