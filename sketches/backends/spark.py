@@ -122,6 +122,7 @@ fragments for a caller in Pacific/Kiritimati."""
 
 
 _RULES = "org.apache.spark.sql.catalyst.optimizer."
+_EXCLUDED_KEY = "spark.sql.optimizer.excludedRules"
 EXCLUDED_RULES = tuple(_RULES + name for name in (
     "UnwrapCastInBinaryComparison", "ReorderAssociativeOperator", "SimplifyBinaryComparison",
     "NullPropagation", "BooleanSimplification"))
@@ -185,9 +186,9 @@ class SparkSettings:
         out.setdefault("spark.driver.extraClassPath", self.jdbc_jar)
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             out[key] = f"{out.get(key, '')} {JVM_OPTIONS}".strip()
-        key = "spark.sql.optimizer.excludedRules"
-        configured = [r.strip() for r in out.get(key, "").split(",") if r.strip()]
-        out[key] = ",".join(configured + [r for r in EXCLUDED_RULES if r not in configured])
+        configured = [r.strip() for r in out.get(_EXCLUDED_KEY, "").split(",") if r.strip()]
+        out[_EXCLUDED_KEY] = ",".join(
+            configured + [r for r in EXCLUDED_RULES if r not in configured])
         return out
 
     @classmethod
@@ -355,7 +356,6 @@ def _check_optimizer(session: Any) -> None:
     fails the job (``smallint * smallint > 80000``): Catalyst decides that comparison
     without the product unless :data:`EXCLUDED_RULES` took effect, and a Spark version that
     renamed a rule or made it non-excludable only logs a warning."""
-    key = "spark.sql.optimizer.excludedRules"
     probe = session.range(1, 2).selectExpr("CAST(id + 299 AS smallint) AS s") \
         .where("s * s > 80000")
     try:
@@ -365,8 +365,9 @@ def _check_optimizer(session: Any) -> None:
             return
         reason = f"Spark's optimizer check failed: {_first_line(exc)}"
     else:
+        excluded = session.conf.get(_EXCLUDED_KEY, "")
         reason = (f"Spark decided an overflowing comparison without evaluating it ({len(rows)}"
-                  f" rows, no error): {key}={session.conf.get(key, '')!r} did not take effect")
+                  f" rows, no error): {_EXCLUDED_KEY}={excluded!r} did not take effect")
     session.stop()
     raise BackendUnavailable(reason)
 
