@@ -94,41 +94,44 @@ def _stop(pid: int, proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> 
 
 
 @contextlib.contextmanager
-def pgbouncer(pg: LocalPostgres, workdir: Path, unix: bool = False) -> Iterator[Target]:
-    """PgBouncer in session pooling mode in front of ``pg`` (over its Unix socket when
-    ``unix``, else TCP); yields its port and PID."""
-    d = workdir / f"pgbouncer-{'unix' if unix else 'tcp'}"
-    d.mkdir()
-    port = free_port()
+def pgbouncer(host: str, port: int, workdir: Path, mode: str = "session",
+              pool_size: int = 50) -> Iterator[Target]:
+    """PgBouncer (``pool_mode`` ``mode``, ``default_pool_size`` ``pool_size``, trust
+    authentication) in front of the PostgreSQL at ``host`` (a name, an address or a Unix
+    socket directory) and ``port``, its files in ``workdir`` (made here); yields its port and
+    PID. Stopped by PID."""
+    d = workdir
+    d.mkdir(parents=True)
+    listen = free_port()
     (d / "userlist.txt").write_text('"postgres" ""\n')
     (d / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"* = host={pg.socket_dir if unix else '127.0.0.1'} port={pg.port}\n"
+        f"* = host={host} port={port}\n"
         "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {listen}\n"
         "unix_socket_dir =\n"
         "auth_type = trust\n"
         f"auth_file = {d / 'userlist.txt'}\n"
-        "pool_mode = session\nmax_client_conn = 200\ndefault_pool_size = 50\n"
+        f"pool_mode = {mode}\nmax_client_conn = 200\ndefault_pool_size = {pool_size}\n"
         f"logfile = {d / 'pgbouncer.log'}\npidfile = {d / 'pgbouncer.pid'}\n"
         "ignore_startup_parameters = extra_float_digits\n")
     argv = [PGBOUNCER, str(d / "pgbouncer.ini")]
     if os.geteuid() == 0:  # pgbouncer refuses to run as root
         pw = pwd.getpwnam("postgres")
-        for p in (workdir, d, *d.iterdir()):
+        for p in (d.parent, d, *d.iterdir()):
             os.chown(p, pw.pw_uid, pw.pw_gid)
         argv = ["runuser", "-u", "postgres", "--", *argv]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        _wait_port(port, proc, "pgbouncer")
+        _wait_port(listen, proc, "pgbouncer")
         pid = int((d / "pgbouncer.pid").read_text().split()[0])
     except (BenchError, OSError, ValueError):
         _stop(proc.pid, proc, signal.SIGKILL)
         raise
-    log.info("pgbouncer pid %d on port %d", pid, port)
+    log.info("pgbouncer pid %d on port %d", pid, listen)
     try:
-        yield Target(port, pid)
+        yield Target(listen, pid)
     finally:
         _stop(pid, proc)
 
@@ -320,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                 unix = transport == "unix"
                 if not args.skip_pgbouncer:
                     targets[f"pgbouncer ({transport})"] = stack.enter_context(
-                        pgbouncer(pg, workdir, unix))
+                        pgbouncer(str(pg.socket_dir) if unix else "127.0.0.1", pg.port,
+                                  workdir / f"pgbouncer-{transport}"))
                 targets[f"imp-proxy relay only ({transport})"] = stack.enter_context(
                     imp_proxy(pg, workdir, "--no-sketches", unix=unix))
                 targets[f"imp-proxy sketches on ({transport})"] = stack.enter_context(

@@ -106,6 +106,8 @@ _VERIFY = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements c,"
            + PROBE_STATEMENT + "' AND c.statement = p.statement"
            " AND c.parameter_types::oid[] = p.parameter_types::oid[])")
 STALE = "the client's statement is not (or no longer) the one the proxy recorded"
+NO_TRANSACTIONS = ("a transaction through the upstream does not stay on one server connection "
+                   "(a statement pooler?), or no service connection can be had")
 
 
 class Fallback(Exception):
@@ -350,6 +352,8 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     left the proxy's record stale), so PostgreSQL answers the client's messages itself.
     ``drop_unnamed``: first Close the client's unnamed statement, as PostgreSQL does for the
     client's simple Query being wrapped, whichever way the wrapping ends."""
+    if not await s.router.holds_transactions(s.dbname):
+        raise Fallback(NO_TRANSACTIONS)
     begin = BEGIN_SNAPSHOT if lock is None else (BEGIN_SNAPSHOT[0], lock, BEGIN_SNAPSHOT[1])
     payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:

@@ -24,9 +24,9 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from sketches.background import SERVICE_LOCK_WAIT, service_session
 from sketches.lookup import search_path_schemas
 from sketches.pipelined import PREPARE_WHEN_ASKED
+from sketches.service import LOCAL_SETTINGS, SERVICE_LOCK_WAIT, ServiceConnection
 
 from .admin import AdminError
 
@@ -374,16 +374,16 @@ class ServicePools:
         self._dsn = upstream_dsn
         self._max = max_size
         self._timeout = connect_timeout
-        self._pools: dict[str, ConnectionPool[psycopg.Connection[Any]]] = {}
+        self._pools: dict[str, ConnectionPool[ServiceConnection[Any]]] = {}
         self._lock = threading.Lock()
 
-    def pool(self, dbname: str) -> ConnectionPool[psycopg.Connection[Any]]:
+    def pool(self, dbname: str) -> ConnectionPool[ServiceConnection[Any]]:
         with self._lock:
             p = self._pools.get(dbname)
             if p is None:
                 conninfo = psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
-                p = ConnectionPool(conninfo, min_size=1, max_size=self._max, open=True,
-                                   configure=service_session,
+                p = ConnectionPool(conninfo, connection_class=ServiceConnection, min_size=1,
+                                   max_size=self._max, open=True,
                                    kwargs={"autocommit": True,
                                            "prepare_threshold": PREPARE_WHEN_ASKED,
                                            "connect_timeout": max(1, int(self._timeout))},
@@ -419,6 +419,7 @@ class Router:
         self._lock = threading.Lock()
         self._service_down: dict[str, float] = {}
         self._service_settings: dict[str, tuple[str, ...]] = {}
+        self._transactions: dict[str, bool | float] = {}   # True, or when to probe again
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
             "answered_in_memory": 0, "passthrough": 0, "fallbacks": 0, "admin_commands": 0,
@@ -542,7 +543,8 @@ class Router:
                     return _settings_differ(settings, assumed)
             # one round trip (a simple Query of several statements: no parameters)
             setup = [pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
-                     pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot))]
+                     pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot)),
+                     pgsql.SQL(LOCAL_SETTINGS)]
             if search_path is not None:
                 setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
                     pgsql.Literal(search_path)))
@@ -639,6 +641,45 @@ class Router:
             raise ServiceError("no sketch library configured")
         with self._service(dbname) as conn:
             return fn(self.hook, conn)
+
+    async def holds_transactions(self, dbname: str) -> bool:
+        """Does a transaction opened through the upstream stay on one server connection until
+        it ends? The wrapping needs that on the client's own connection (and a service
+connection the query could not have passes it through anyway). Found: behind
+        PgBouncer's statement pooling, the wrapping's ``BEGIN`` was answered with ``FATAL
+        transaction blocks not allowed in statement pooling mode`` and the client's connection
+        closed. So asked first, once per database, on a service connection (a refusal costs
+        one of the proxy's own connections, never a client's); after a refusal, or when no
+        service connection can be had, asked again (after :data:`SERVICE_BACKOFF` seconds when
+refused)."""
+        known = self._transactions.get(dbname)
+        if known is True or self.pools is None:
+            return True
+        if known is not None and time.monotonic() < known:
+            return False
+        held = await asyncio.to_thread(self._try_transaction, dbname)
+        if held is not None:
+            self._transactions[dbname] = True if held else time.monotonic() + SERVICE_BACKOFF
+        return held is True
+
+    def _try_transaction(self, dbname: str) -> bool | None:
+        """None: no service connection now (busy or failing: :meth:`_service` backs off).
+        Tried twice: a pooled connection may have lost its server (a restart) unnoticed."""
+        for attempt in (1, 2):
+            try:
+                with self._service(dbname) as conn:
+                    conn.execute("BEGIN")
+                    conn.execute("ROLLBACK")
+                return True
+            except ServiceError:
+                return None
+            except psycopg.Error as exc:
+                if attempt == 2:
+                    log.warning("database %r: a transaction through the upstream did not hold "
+                                "(%s; a statement pooler?): queries there pass through, "
+                                "asked again in %.0f s", dbname, str(exc).strip(),
+                                SERVICE_BACKOFF)
+        return False
 
     @contextlib.contextmanager
     def _service(self, dbname: str) -> Iterator[psycopg.Connection[Any]]:

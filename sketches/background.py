@@ -33,6 +33,7 @@ import psycopg
 from sketches import deltas, incremental, lookup, pipelined
 from sketches.ivm.errors import IvmError
 from sketches.maintained import ENGINE_BUGS
+from sketches.service import ServiceConnection
 
 if TYPE_CHECKING:
     from sketches.maintained import Entry as _Entry
@@ -44,27 +45,6 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 LOCK_WAIT = 0.05
 GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
-
-
-SERVICE_LOCK_WAIT = "2s"
-"""The longest a connection of the proxy's own waits for a lock (its ``lock_timeout``; a
-client's shorter one is taken for a query's prepare)."""
-
-
-def service_session(conn: psycopg.Connection[Any]) -> None:
-    """Sets up a connection of the proxy's own (a service or maintenance connection): no
-    ``idle_in_transaction_session_timeout``, which a database or role default may set for
-    clients. Its transactions wait on Python between statements (a large delta's step, a
-    state build), and a short timeout ended them part-way: every capture and maintenance
-    failed, and the queries passed through.
-
-    ``lock_timeout`` :data:`SERVICE_LOCK_WAIT`: a wrapped query's client backend holds ACCESS
-    SHARE on the query's tables while a service connection prepares it. A TRUNCATE queued
-    behind that lock queues every later lock request on the table, a service connection's
-    too, and the wait for each other runs through the proxy, where PostgreSQL's deadlock
-    detector cannot see it; the bounded wait ends it (the query passes through)."""
-    conn.execute("SET idle_in_transaction_session_timeout = 0")
-    conn.execute("SELECT set_config('lock_timeout', %s, false)", (SERVICE_LOCK_WAIT,))
 
 
 def _names_refused(conn: psycopg.Connection[Any], entry: _Entry) -> str | None:
@@ -126,11 +106,10 @@ class Background(threading.Thread):
         saved such a state, which the next query loaded after forgetting its memory — two
         groups missing from a HAVING answer)."""
         if self._conn is None or self._conn.closed:
-            conn = psycopg.connect(**self.conninfo, autocommit=True,
-                                   application_name="imp-maintenance",
-                                   prepare_threshold=pipelined.PREPARE_WHEN_ASKED)
+            conn = ServiceConnection.connect(**self.conninfo, autocommit=True,
+                                             application_name="imp-maintenance",
+                                             prepare_threshold=pipelined.PREPARE_WHEN_ASKED)
             try:
-                service_session(conn)
                 row = conn.execute("SELECT " + lookup.SERVER_STARTED).fetchone()
             except BaseException:
                 conn.close()

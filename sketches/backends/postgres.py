@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
+from sketches import service
 from sketches.backends.base import (
     AggregateState,
     BackendUnsupported,
@@ -45,7 +46,7 @@ def snapshot_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
     transaction (the manager's, in the client's snapshot) is used as it is."""
     own = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     if own:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        service.begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ")
     ok = False
     try:
         yield
