@@ -16,6 +16,10 @@ CREATE TABLE IF NOT EXISTS imp.tracked_tables (
 -- The table's relfilenode when its audit table was last built: an ALTER TABLE that rewrote the
 -- table (ALTER COLUMN TYPE … USING, even to the same type) changed its values.
 ALTER TABLE imp.tracked_tables ADD COLUMN IF NOT EXISTS filenode oid;
+-- And its relnatts, which counts dropped columns too: `DROP COLUMN v, ADD COLUMN v int DEFAULT 1`
+-- in one ALTER TABLE rewrites nothing (a constant default lives in the catalog) and leaves the
+-- live columns as they were, yet every v changed (found: a maintained sketch kept its groups).
+ALTER TABLE imp.tracked_tables ADD COLUMN IF NOT EXISTS natts int2;
 
 -- Epochs come from one sequence: every tracking lifetime and every bump gets a value never used
 -- before, so a table untracked (e.g. its audit table dropped by hand) and tracked again can never
@@ -79,7 +83,8 @@ BEGIN
         END IF;
     END LOOP;
     UPDATE imp.tracked_tables SET audit_table = audit, columns = cols,
-        filenode = (SELECT c.relfilenode FROM pg_class c WHERE c.oid = rel)
+        filenode = (SELECT c.relfilenode FROM pg_class c WHERE c.oid = rel),
+        natts = (SELECT c.relnatts FROM pg_class c WHERE c.oid = rel)
     WHERE relid = rel::oid;
     PERFORM imp._create_audit_triggers(rel, cols);
     RETURN audit;
@@ -410,7 +415,7 @@ REVOKE ALL ON FUNCTION imp._retrack(regclass) FROM PUBLIC;
 -- A partitioned table has no storage to compare: always rebuilt.
 CREATE OR REPLACE FUNCTION imp._audit_current(rel regclass) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT coalesce(c.relkind <> 'p' AND t.filenode = c.relfilenode
+    SELECT coalesce(c.relkind <> 'p' AND t.filenode = c.relfilenode AND t.natts = c.relnatts
         AND (SELECT array_agg(format('%s %s %s %s', a.attname, a.atttypid, a.atttypmod,
                                      a.attcollation) ORDER BY a.attnum)
              FROM pg_attribute a WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped)

@@ -314,12 +314,16 @@ def _refuse_untracked(conn: Conn, relations: Sequence[str]) -> None:
 
 def installed(conn: Conn) -> bool:
     """Is schema imp installed as this code reads it? Also false for an install older than
-    ``imp.collected`` (the garbage-collection watermark every delta read's probe reads): the
-    next tracking installs the missing migrations (:func:`track`)."""
+    ``imp.collected`` (the garbage-collection watermark every delta read's probe reads) or
+    than ``tracked_tables.natts`` (which tells its DDL guard of a column dropped and added
+    back): the next tracking installs the missing migrations (:func:`track`)."""
     row = conn.execute("SELECT to_regclass('imp.tracked_tables') IS NOT NULL"
                        " AND to_regclass('imp.ivm_state') IS NOT NULL"
                        " AND to_regclass('imp.own_xacts') IS NOT NULL"
-                       " AND to_regclass('imp.collected') IS NOT NULL").fetchone()
+                       " AND to_regclass('imp.collected') IS NOT NULL"
+                       " AND EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid ="
+                       " to_regclass('imp.tracked_tables') AND attname = 'natts'"
+                       " AND NOT attisdropped)").fetchone()
     return bool(row and row[0])
 
 

@@ -551,6 +551,22 @@ def test_a_guard_made_again_tracks_every_table_afresh(sketch_proxy: ProxyProcess
         _assert_exact(proxied, direct)
 
 
+@pytest.mark.parametrize("add", ["ADD COLUMN v int NOT NULL DEFAULT 1000",
+                                 "ADD COLUMN v int DEFAULT 7"])
+def test_a_column_dropped_and_added_back_in_one_alter_is_seen(sketch_proxy: ProxyProcess,
+                                                              fresh_db: Any, add: str) -> None:
+    """``ALTER TABLE t DROP COLUMN v, ADD COLUMN v …`` with a constant default rewrites no row
+    and leaves the same live columns, yet every ``v`` changed (found by a helper's search in
+    session 26: the maintained sketch was used, the same 10 groups instead of 1000)."""
+    direct, proxied = _tracked_and_used(sketch_proxy, fresh_db)
+    _write(direct, (3,))
+    _assert_exact(proxied, direct)   # maintained
+    with psycopg.connect(direct, autocommit=True) as c:
+        c.execute(f"ALTER TABLE t DROP COLUMN v, {add}")
+    for _ in range(3):
+        _assert_exact(proxied, direct)
+
+
 @pytest.mark.parametrize("bypass", ["disable-trigger", "disable-all-triggers",
                                     "replication-role-replica"])
 def test_writes_that_bypass_triggers_still_reach_the_audit(sketch_proxy: ProxyProcess,

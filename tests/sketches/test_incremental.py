@@ -173,3 +173,28 @@ def test_a_collection_deletes_invalidated_sketches(db_dsn: str) -> None:
         left = conn.execute("SELECT id FROM imp.sketches WHERE id = ANY(%s) ORDER BY id",
                             (ids,)).fetchall()
         assert left == [(ids[0],)]
+
+
+def test_an_audit_older_than_its_column_count_is_brought_up_to_date(db_dsn: str) -> None:
+    """``imp.tracked_tables.natts`` (session 26) tells the DDL guard of a column dropped and
+    added back in one ALTER TABLE. An install without it is not taken as installed, so the
+    next tracking installs again; a table tracked before then is tracked afresh by its next
+    such ALTER."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE inc_older (id int PRIMARY KEY, v int)")
+        settings = incremental.SessionSettings.read(conn)
+        incremental.track(conn, ["inc_older"], settings)
+        conn.execute("ALTER TABLE imp.tracked_tables DROP COLUMN natts")
+        conn.execute("UPDATE imp.schema_version SET checksum = 'older' WHERE version = 2")
+        assert not incremental.installed(conn)
+        conn.execute("CREATE TABLE inc_newer (id int PRIMARY KEY, v int)")
+        incremental.track(conn, ["inc_newer"], settings)
+        assert incremental.installed(conn)
+
+        def epoch() -> object:
+            return conn.execute("SELECT epoch FROM imp.tracked_tables"
+                                " WHERE relid = 'inc_older'::regclass").fetchone()
+
+        before = epoch()
+        conn.execute("ALTER TABLE inc_older DROP COLUMN v, ADD COLUMN v int DEFAULT 1")
+        assert epoch() != before
