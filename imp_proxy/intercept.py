@@ -43,7 +43,7 @@ from .protocol._struct import FLOAT8 as FLOAT8_BYTES
 from .protocol._struct import INT16 as INT16_BYTES
 from .protocol._struct import INT32 as INT32_BYTES
 from .protocol._struct import INT64 as INT64_BYTES
-from .protocol._struct import unpack_int16_from
+from .protocol._struct import unpack_uint16_from
 from .protocol.framing import ProtocolViolation, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
@@ -106,8 +106,6 @@ _VERIFY = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements c,"
            + PROBE_STATEMENT + "' AND c.statement = p.statement"
            " AND c.parameter_types::oid[] = p.parameter_types::oid[])")
 STALE = "the client's statement is not (or no longer) the one the proxy recorded"
-NO_TRANSACTIONS = ("a transaction through the upstream does not stay on one server connection "
-                   "(a statement pooler?), or no service connection can be had")
 
 
 class Fallback(Exception):
@@ -267,7 +265,9 @@ def pg_bool(text: str) -> bool:
 
 
 def _parameter_types(msg: bytes) -> tuple[int, ...]:
-    n = unpack_int16_from(msg, 5)[0]
+    """A ParameterDescription's types; its count is unsigned, as PostgreSQL sends it (found:
+    32,768 or more parameters read as a negative count ended the session)."""
+    n = unpack_uint16_from(msg, 5)[0]
     return tuple(struct.unpack_from(f"!{n}I", msg, 7)) if n else ()
 
 
@@ -352,8 +352,9 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     left the proxy's record stale), so PostgreSQL answers the client's messages itself.
     ``drop_unnamed``: first Close the client's unnamed statement, as PostgreSQL does for the
     client's simple Query being wrapped, whichever way the wrapping ends."""
-    if not await s.router.holds_transactions(s.dbname):
-        raise Fallback(NO_TRANSACTIONS)
+    refused = await s.router.refused(s.dbname)
+    if refused is not None:
+        raise Fallback(refused)
     begin = BEGIN_SNAPSHOT if lock is None else (BEGIN_SNAPSHOT[0], lock, BEGIN_SNAPSHOT[1])
     payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import admin, intercept
 from .protocol import codec
+from .protocol.framing import ProtocolViolation, read_cstring
 from .protocol.messages import BIND, CLOSE, DESCRIBE, EXECUTE, FLUSH, PARSE
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ class LocalAdmin:
         if self.local_error:
             return "local"  # discard until Sync, as PostgreSQL does after an error
         if typ == PARSE:
-            p = codec.decode_parse(msg)
+            try:
+                p = codec.decode_parse(msg)
+            except ProtocolViolation:
+                return self._leave_local(msg)   # PostgreSQL reports the malformed body
             if not admin.is_admin(p.sql.encode()):
                 return self._leave_local(msg)
             try:
@@ -60,7 +64,11 @@ class LocalAdmin:
         if not self._refers_to_admin(msg):
             return self._leave_local(msg)
         if typ == BIND:
-            b = codec.decode_bind(msg)
+            try:
+                b = codec.decode_bind(msg)
+            except ProtocolViolation:
+                self._local_fail(admin.AdminError("08P01", "invalid message format"))
+                return "local"
             if b.params:
                 self._local_fail(admin.AdminError(
                     "08P01", "IMP statements take no parameters"))
@@ -127,8 +135,12 @@ class LocalAdmin:
 
     def _refers_to_admin(self, msg: bytes) -> bool:
         typ = msg[0]
-        if typ == BIND:
-            return codec.decode_bind(msg).statement in self.admin_stmts
+        if typ == BIND:   # the names only: a malformed body is PostgreSQL's to report
+            try:
+                _portal, pos = read_cstring(msg, 5)
+                return read_cstring(msg, pos)[0] in self.admin_stmts
+            except ProtocolViolation:
+                return False
         if typ in (DESCRIBE, CLOSE):
             kind, name = chr(msg[5]), msg[6:-1].decode(errors="replace")
             table: dict[str, Any] = self.admin_stmts if kind == "S" else self.admin_portals

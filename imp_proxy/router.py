@@ -407,6 +407,12 @@ class ServicePools:
         return p is not None
 
 
+_WRITABLE = ("SELECT pg_catalog.pg_is_in_recovery()"
+             " OR pg_catalog.current_setting('transaction_read_only')::bool")
+"""Is the server read-only to the service role (asked inside a transaction)?"""
+_NEVER_ASKED = (0.0, "")
+
+
 class Router:
     """Decision cache + the blocking calls into the hook, run in worker threads."""
 
@@ -419,7 +425,8 @@ class Router:
         self._lock = threading.Lock()
         self._service_down: dict[str, float] = {}
         self._service_settings: dict[str, tuple[str, ...]] = {}
-        self._transactions: dict[str, bool | float] = {}   # True, or when to probe again
+        # per database: None (its queries may be wrapped) or (when to ask again, why not)
+        self._refusals: dict[str, tuple[float, str] | None] = {}
         self.counters: dict[str, int] = {
             "queries_classified": 0, "wrapped": 0, "used": 0, "captured": 0,
             "answered_in_memory": 0, "passthrough": 0, "fallbacks": 0, "admin_commands": 0,
@@ -642,44 +649,61 @@ class Router:
         with self._service(dbname) as conn:
             return fn(self.hook, conn)
 
-    async def holds_transactions(self, dbname: str) -> bool:
-        """Does a transaction opened through the upstream stay on one server connection until
-        it ends? The wrapping needs that on the client's own connection (and a service
-connection the query could not have passes it through anyway). Found: behind
-        PgBouncer's statement pooling, the wrapping's ``BEGIN`` was answered with ``FATAL
-        transaction blocks not allowed in statement pooling mode`` and the client's connection
-        closed. So asked first, once per database, on a service connection (a refusal costs
-        one of the proxy's own connections, never a client's); after a refusal, or when no
-        service connection can be had, asked again (after :data:`SERVICE_BACKOFF` seconds when
-refused)."""
-        known = self._transactions.get(dbname)
-        if known is True or self.pools is None:
-            return True
-        if known is not None and time.monotonic() < known:
-            return False
-        held = await asyncio.to_thread(self._try_transaction, dbname)
-        if held is not None:
-            self._transactions[dbname] = True if held else time.monotonic() + SERVICE_BACKOFF
-        return held is True
+    async def refused(self, dbname: str) -> str | None:
+        """Why no query of ``dbname`` may be wrapped now (None: they may). Asked once per
+        database on a service connection, and again after :data:`SERVICE_BACKOFF` seconds
+        while refused; a refusal costs one of the proxy's own connections, never a client's.
 
-    def _try_transaction(self, dbname: str) -> bool | None:
-        """None: no service connection now (busy or failing: :meth:`_service` backs off).
-        Tried twice: a pooled connection may have lost its server (a restart) unnoticed."""
+        * A transaction must stay on one server connection until it ends: the wrapping needs
+          that on the client's own connection. Found: behind PgBouncer's statement pooling,
+          the wrapping's ``BEGIN`` was answered ``FATAL transaction blocks not allowed in
+          statement pooling mode`` and the client's connection closed.
+        * The server must take writes: capture and maintenance write schema ``imp``. Found:
+          in front of a hot standby (or a database with ``default_transaction_read_only``)
+          every sketchable query failed its prepare and logged a WARNING, for ever. A standby
+          promoted since is seen by the next asking."""
+        if self.pools is None:
+            return None
+        known = self._refusals.get(dbname, _NEVER_ASKED)
+        if known is None:
+            return None
+        if time.monotonic() < known[0]:
+            return known[1]
+        why = await asyncio.to_thread(self._ask_service, dbname)
+        if why is None:
+            self._refusals[dbname] = None
+            if known is not _NEVER_ASKED:
+                log.info("database %r: queries there are sketched again", dbname)
+            return None
+        if not why[1]:
+            return why[0]   # no service connection now: :meth:`_service` backs off
+        if known is _NEVER_ASKED or known[1] != why[0]:
+            log.warning("database %r: %s; queries there pass through (asked again every "
+                        "%.0f s)", dbname, why[0], SERVICE_BACKOFF)
+        self._refusals[dbname] = (time.monotonic() + SERVICE_BACKOFF, why[0])
+        return why[0]
+
+    def _ask_service(self, dbname: str) -> tuple[str, bool] | None:
+        """None, or (why the database's queries pass through, whether that is the
+        database's answer — else no service connection could be had). Tried twice on a
+        failure: a pooled connection may have lost its server (a restart) unnoticed."""
         for attempt in (1, 2):
             try:
                 with self._service(dbname) as conn:
                     conn.execute("BEGIN")
+                    row = conn.execute(_WRITABLE).fetchone()
                     conn.execute("ROLLBACK")
-                return True
-            except ServiceError:
-                return None
+            except ServiceError as exc:
+                return str(exc), False
             except psycopg.Error as exc:
                 if attempt == 2:
-                    log.warning("database %r: a transaction through the upstream did not hold "
-                                "(%s; a statement pooler?): queries there pass through, "
-                                "asked again in %.0f s", dbname, str(exc).strip(),
-                                SERVICE_BACKOFF)
-        return False
+                    return (f"a transaction through the upstream did not hold ({str(exc).strip()}"
+                            "; a statement pooler?)", True)
+                continue
+            if row is not None and row[0]:
+                return "the server is read-only (a standby, or default_transaction_read_only)", True
+            return None
+        return None
 
     @contextlib.contextmanager
     def _service(self, dbname: str) -> Iterator[psycopg.Connection[Any]]:

@@ -91,6 +91,7 @@ class Phase(enum.Enum):
     CONNECTING = "connecting"
     AUTH = "auth"
     READY = "ready"
+    ENDING = "ending"   # Terminate sent on: replies to what came before it still relayed
     CLOSED = "closed"
 
 
@@ -219,6 +220,16 @@ class Session(LocalAdmin):
         elif phase is Phase.CONNECTING:
             self.cbuf += data
 
+    def _ending(self) -> None:
+        """After the client's Terminate PostgreSQL still answers the messages before it, then
+        closes (:meth:`upstream_lost` closes the client); nothing more is read from the
+        client. Found: replies to a Query pipelined with its Terminate never reached the
+        client, closed at once. A client that closes first ends the upstream too, without
+        a cancel (:meth:`close`), as its closed socket would directly."""
+        self.phase = Phase.ENDING
+        if self.upstream is None:
+            self.close()
+
     def _up_write(self, data: bytes) -> None:
         if self.upstream is not None:
             self.upstream.write(data)
@@ -299,9 +310,7 @@ class Session(LocalAdmin):
                     self.batch_open = True
             elif typ == TERMINATE:
                 self._up_write(data[fwd:end])
-                self.pending = 0
-                self.batch_open = False
-                self.close()
+                self._ending()
                 return
             elif typ == FUNCTION_CALL:
                 self.pending += 1

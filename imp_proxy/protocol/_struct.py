@@ -29,5 +29,6 @@ pack_uint16 = UINT16.pack
 pack_int32 = INT32.pack
 pack_header = HEADER.pack
 unpack_int16_from = INT16.unpack_from
+unpack_uint16_from = UINT16.unpack_from
 unpack_int32_from = INT32.unpack_from
 unpack_uint32_from = UINT32.unpack_from

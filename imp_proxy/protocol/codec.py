@@ -18,8 +18,10 @@ from ._struct import (
     STARTUP_HEADER,
     pack_int16,
     pack_int32,
+    pack_uint16,
     unpack_int16_from,
     unpack_int32_from,
+    unpack_uint16_from,
 )
 from .framing import ProtocolViolation, read_cstring
 from .messages import (
@@ -103,9 +105,9 @@ def decode_parse(msg: bytes) -> Parse:
     _check_type(msg, "P")
     name, pos = read_cstring(msg, 5)
     sql, pos = read_cstring(msg, pos)
-    n = unpack_int16_from(msg, pos)[0]
+    n = unpack_uint16_from(msg, pos)[0]
     pos += 2
-    if n < 0 or pos + 4 * n > len(msg):
+    if pos + 4 * n != len(msg):
         raise ProtocolViolation("invalid parameter count in Parse")
     types = tuple(int.from_bytes(msg[pos + 4 * i:pos + 4 * i + 4], "big") for i in range(n))
     return Parse(name, sql, types)
@@ -113,15 +115,19 @@ def decode_parse(msg: bytes) -> Parse:
 
 @_strict
 def decode_bind(msg: bytes) -> Bind:
+    """Counts are unsigned (PostgreSQL reads them so: up to 65535 parameters), and the body
+    must end where its last result format code does (found: a Bind PostgreSQL answers with
+    08P01, a count of 65535 without the parameters or bytes after the codes, was decoded as
+    something else, wrapped and answered with rows)."""
     _check_type(msg, "B")
     try:
         portal, pos = read_cstring(msg, 5)
         stmt, pos = read_cstring(msg, pos)
-        nf = unpack_int16_from(msg, pos)[0]
+        nf = unpack_uint16_from(msg, pos)[0]
         pos += 2
         formats = tuple(unpack_int16_from(msg, pos + 2 * i)[0] for i in range(nf))
         pos += 2 * nf
-        np_ = unpack_int16_from(msg, pos)[0]
+        np_ = unpack_uint16_from(msg, pos)[0]
         pos += 2
         params: list[bytes | None] = []
         for _ in range(np_):
@@ -134,11 +140,14 @@ def decode_bind(msg: bytes) -> Bind:
                     raise ProtocolViolation("Bind parameter exceeds message")
                 params.append(bytes(msg[pos:pos + ln]))
                 pos += ln
-        nr = unpack_int16_from(msg, pos)[0]
+        nr = unpack_uint16_from(msg, pos)[0]
         pos += 2
         rformats = tuple(unpack_int16_from(msg, pos + 2 * i)[0] for i in range(nr))
+        pos += 2 * nr
     except struct.error as exc:  # a truncated body
         raise ProtocolViolation(f"malformed Bind message: {exc}") from exc
+    if pos != len(msg):
+        raise ProtocolViolation("Bind: bytes after the result format codes")
     if nf not in (0, 1, np_):
         raise ProtocolViolation("Bind: format code count does not match parameter count")
     return Bind(portal, stmt, formats, tuple(params), rformats)
@@ -178,22 +187,22 @@ def encode_query(sql: str) -> bytes:
 
 
 def encode_parse(name: str, sql: str, param_types: Sequence[int] = ()) -> bytes:
-    body = _cstr(name) + _cstr(sql) + pack_int16(len(param_types))
+    body = _cstr(name) + _cstr(sql) + pack_uint16(len(param_types))
     body += b"".join(int(t).to_bytes(4, "big") for t in param_types)
     return _message(b"P", body)
 
 
 def encode_bind(bind: Bind) -> bytes:
-    parts = [_cstr(bind.portal), _cstr(bind.statement), pack_int16(len(bind.param_formats))]
+    parts = [_cstr(bind.portal), _cstr(bind.statement), pack_uint16(len(bind.param_formats))]
     parts += [pack_int16(f) for f in bind.param_formats]
-    parts.append(pack_int16(len(bind.params)))
+    parts.append(pack_uint16(len(bind.params)))
     for p in bind.params:
         if p is None:
             parts.append(pack_int32(-1))
         else:
             parts.append(pack_int32(len(p)))
             parts.append(p)
-    parts.append(pack_int16(len(bind.result_formats)))
+    parts.append(pack_uint16(len(bind.result_formats)))
     parts += [pack_int16(f) for f in bind.result_formats]
     return _message(b"B", b"".join(parts))
 
@@ -281,7 +290,7 @@ def decode_authentication(msg: bytes) -> Authentication | AuthenticationSASL:
 @_strict
 def decode_row_description(msg: bytes) -> RowDescription:
     _check_type(msg, "T")
-    n = unpack_int16_from(msg, 5)[0]
+    n = unpack_uint16_from(msg, 5)[0]
     pos = 7
     fields = []
     for _ in range(n):
@@ -295,7 +304,7 @@ def decode_row_description(msg: bytes) -> RowDescription:
 @_strict
 def decode_data_row(msg: bytes) -> DataRow:
     _check_type(msg, "D")
-    n = unpack_int16_from(msg, 5)[0]
+    n = unpack_uint16_from(msg, 5)[0]
     pos = 7
     values: list[bytes | None] = []
     for _ in range(n):
@@ -350,7 +359,7 @@ def encode_error(severity: str, sqlstate: str, message: str, *, notice: bool = F
 
 
 def encode_row_description(fields: Sequence[FieldDescription]) -> bytes:
-    parts = [pack_int16(len(fields))]
+    parts = [pack_uint16(len(fields))]
     for f in fields:
         parts.append(_cstr(f.name))
         parts.append(FIELD_TRAILER.pack(f.table_oid, f.column, f.type_oid, f.type_size,
@@ -359,7 +368,7 @@ def encode_row_description(fields: Sequence[FieldDescription]) -> bytes:
 
 
 def encode_data_row(values: Sequence[bytes | None]) -> bytes:
-    parts = [pack_int16(len(values))]
+    parts = [pack_uint16(len(values))]
     for v in values:
         if v is None:
             parts.append(pack_int32(-1))
@@ -374,7 +383,7 @@ def encode_command_complete(tag: str) -> bytes:
 
 
 def encode_parameter_description(type_oids: Sequence[int]) -> bytes:
-    return _message(b"t", pack_int16(len(type_oids))
+    return _message(b"t", pack_uint16(len(type_oids))
                     + b"".join(int(t).to_bytes(4, "big") for t in type_oids))
 
 

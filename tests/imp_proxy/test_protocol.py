@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from imp_proxy import intercept
 from imp_proxy.protocol import codec
 from imp_proxy.protocol.framing import (
     BoundaryScanner,
@@ -131,6 +132,37 @@ def test_frontend_codecs_roundtrip() -> None:
                                                   b"\x00\x00\x00\x07\x00\x00\x00\x09")
     with pytest.raises(ProtocolViolation):
         codec.decode_bind(b"B\x00\x00\x00\x08\x00s1\x00")
+
+
+def test_counts_are_unsigned_up_to_65535() -> None:
+    """PostgreSQL reads a message's counts as unsigned 16-bit integers (found by a helper's
+    search in session 26: 32,768 parameters read as a negative count ended the session)."""
+    bind = Bind("", "", (), tuple(b"7" for _ in range(40000)), ())
+    assert codec.decode_bind(codec.encode_bind(bind)) == bind
+    types = (23,) * 65535
+    assert codec.decode_parse(codec.encode_parse("", "SELECT 1", types)).param_types == types
+    described = codec.encode_parameter_description(types)
+    assert intercept._parameter_types(described) == types
+    row = codec.encode_data_row([b"x"] * 40000)
+    assert codec.decode_data_row(row).values == (b"x",) * 40000
+
+
+@pytest.mark.parametrize("body", [
+    b"\x00\x00\x00\x00\xff\xff\x00\x00",          # 65535 parameters, none there
+    b"\x00\x00\xff\xff\x00\x00\x00\x00",          # 65535 format codes, none there
+    b"\x00\x00\x00\x00\x00\x00\x00\x00junk",      # bytes after the result formats
+], ids=["parameters", "formats", "trailing"])
+def test_a_bind_postgresql_rejects_is_not_decoded(body: bytes) -> None:
+    """Such a Bind is PostgreSQL's to answer (08P01); decoded, it was wrapped and the proxy
+    sent a well-formed Bind of its own in its place (found by the same search)."""
+    with pytest.raises(ProtocolViolation):
+        codec.decode_bind(b"B" + (len(body) + 4).to_bytes(4, "big") + body)
+
+
+def test_a_parse_with_bytes_after_its_types_is_not_decoded() -> None:
+    with pytest.raises(ProtocolViolation):
+        body = b"\x00SELECT 1\x00\x00\x00junk"
+        codec.decode_parse(b"P" + (len(body) + 4).to_bytes(4, "big") + body)
 
 
 def test_backend_codecs() -> None:

@@ -204,6 +204,75 @@ def test_terminate_closes_backend(proxy: ProxyProcess, db_dsn: str, admin_dsn: s
     assert _wait_backend_gone(admin_dsn, "imp-terminate")
 
 
+_BEFORE_TERMINATE = {
+    "query": codec.encode_query("SELECT 1"),
+    "slow query": codec.encode_query("SELECT pg_sleep(0.2), 1"),
+    "extended, Sync": (codec.encode_parse("", "SELECT 1")
+                       + codec.encode_bind(Bind("", "", (), (), ())) + codec.encode_execute("")
+                       + codec.encode_sync()),
+    "extended, Flush": (codec.encode_parse("", "SELECT 1")
+                        + codec.encode_bind(Bind("", "", (), (), ())) + codec.encode_execute("")
+                        + codec.encode_flush()),
+    "sketchable query": codec.encode_query("SELECT g, count(*) FROM relay_t GROUP BY g"
+                                           " HAVING count(*) > 1 ORDER BY g"),
+}
+
+
+@pytest.fixture(scope="module")
+def sketching_proxy(start_proxy: StartProxy) -> ProxyProcess:
+    return start_proxy(sketches=True)
+
+
+def _until_closed(port: int, db: str, payload: bytes) -> list[tuple[int, bytes]]:
+    c = RawClient("127.0.0.1", port)
+    try:
+        c.startup("postgres", db)
+        c.send(payload)
+        msgs = []
+        while (m := c.read()) is not None:
+            msgs.append(m)
+        return msgs
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def relay_t(db_dsn: str) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE relay_t AS SELECT i % 7 AS g FROM generate_series(1, 100) i")
+    return db_dsn
+
+
+@pytest.mark.parametrize("name", sorted(_BEFORE_TERMINATE))
+def test_replies_to_messages_before_a_terminate_reach_the_client(
+        proxy: ProxyProcess, sketching_proxy: ProxyProcess, relay_t: str, name: str) -> None:
+    """PostgreSQL answers what came before a Terminate in the same write, then closes (found
+    by a helper's search in session 26: the proxy closed the client at once, no reply)."""
+    payload = _BEFORE_TERMINATE[name] + codec.encode_terminate()
+    port = int(str(psycopg.conninfo.conninfo_to_dict(relay_t)["port"]))
+    want = _until_closed(port, _db(relay_t), payload)
+    assert want and (want[-1][0] == ord("Z") or name.endswith("Flush"))
+    for p in (proxy, sketching_proxy):
+        assert _until_closed(p.port, _db(relay_t), payload) == want
+
+
+def test_a_statement_sent_with_its_terminate_still_runs(proxy: ProxyProcess,
+                                                        db_dsn: str) -> None:
+    """Even when the client closes at once: the proxy cancels nothing, as PostgreSQL reads
+    the Terminate only after the statement."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE relay_fired (who text)")
+        raw = RawClient("127.0.0.1", proxy.port)
+        raw.startup("postgres", _db(db_dsn))
+        raw.send(codec.encode_query("INSERT INTO relay_fired SELECT 'proxy' FROM pg_sleep(0.3)")
+                 + codec.encode_terminate())
+        raw.close()
+        deadline = time.monotonic() + 15
+        while c.execute("SELECT who FROM relay_fired").fetchall() != [("proxy",)]:
+            assert time.monotonic() < deadline, "the INSERT never committed"
+            time.sleep(0.05)
+
+
 # ---------------------------------------------------------------- TLS termination
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from imp_proxy.protocol.framing import (
 )
 from tests.imp_proxy.rawclient import RawClient
 
-from .conftest import LaunchProxy, ProxyProcess, settled_fd_count, via_proxy, wait_until
+from .conftest import LaunchProxy, ProxyProcess, settled_fd_count, stats, via_proxy, wait_until
 
 MAX_MESSAGE = 65536
 STARTUP_TIMEOUT = 2.0
@@ -107,6 +107,14 @@ def _parse_raw(sql: bytes, name: bytes = b"") -> bytes:
     body = name + b"\x00" + sql + b"\x00\x00\x00"
     return b"P" + struct.pack("!i", len(body) + 4) + body
 
+
+def _sketchable_bind(counts: bytes) -> bytes:
+    """Parse, Bind (unnamed; ``counts``: the body after the two names), Execute, Sync."""
+    body = b"\x00\x00" + counts
+    return (codec.encode_parse("", HAVING) + b"B" + struct.pack("!i", len(body) + 4) + body
+            + codec.encode_execute("") + SYNC)
+
+
 #: broken framing: the proxy cannot find the next message, so it ends the connection
 FRAMES: dict[str, bytes] = {
     "negative length": b"Q\xff\xff\xff\xf0SELECT 1\x00",
@@ -136,6 +144,14 @@ BODIES: dict[str, bytes] = {
     "close unknown kind": b"C\x00\x00\x00\x06Z\x00" + SYNC,
     "sketchable query, invalid utf-8": _q(b"SELECT g, sum(v) FROM t GROUP BY g HAVING sum(v) > "
                                           b"1 ORDER BY g -- \xff\xfe"),
+    # found in session 26: decoded with signed counts and without its end checked, each was
+    # wrapped (a well-formed Bind sent in its place) and answered with rows
+    "sketchable bind, 65535 parameters, none there": _sketchable_bind(b"\x00\x00\xff\xff"
+                                                                      b"\x00\x00"),
+    "sketchable bind, 65535 format codes, none there": _sketchable_bind(b"\xff\xff\x00\x00"
+                                                                        b"\x00\x00"),
+    "sketchable bind, bytes after the result formats": _sketchable_bind(b"\x00\x00\x00\x00"
+                                                                        b"\x00\x00junk"),
 }
 
 
@@ -170,12 +186,13 @@ def _until_ready(c: RawClient, timeout: float = 3.0) -> tuple[list[tuple[int, by
     return msgs, False
 
 
-def _exchange(host: str, port: int, db: str, data: bytes) -> tuple[list[tuple[Any, ...]], bool]:
-    c = RawClient(host, port)
+def _exchange(host: str, port: int, db: str, data: bytes,
+              timeout: float = 3.0) -> tuple[list[tuple[Any, ...]], bool]:
+    c = RawClient(host, port, timeout=timeout)
     try:
         c.startup("postgres", db)
         c.send(data)
-        msgs, closed = _until_ready(c)
+        msgs, closed = _until_ready(c, timeout)
         if not closed:  # still usable?
             c.send(codec.encode_query("SELECT 'after'"))
             more, closed = _until_ready(c)
@@ -201,6 +218,40 @@ def test_malformed_body_answered_as_postgres_does(strict_proxy: ProxyProcess, db
     proxied = _exchange("127.0.0.1", strict_proxy.port, _db(db_dsn), BODIES[name])
     assert proxied == direct
     assert direct[0], "PostgreSQL answered something"
+
+
+def _many_parameters(n: int, pad: int) -> bytes:
+    """A sketchable batch as asyncpg sends it: Parse with no declared types, then Bind of
+    ``n`` text parameters; ``pad`` blanks at the query's end change how the batch arrives
+    (the proxy wraps a batch only when all of it is there at once)."""
+    marks = ",".join(f"${i}" for i in range(1, n + 1))
+    sql = (f"SELECT g, sum(v) FROM t WHERE g IN ({marks}) GROUP BY g HAVING sum(v) > 0"
+           " ORDER BY g" + " " * pad)
+    bind = b"\x00\x00\x00\x00" + struct.pack("!H", n) + (b"\x00\x00\x00\x017" * n) + b"\x00\x00"
+    return (_parse_raw(sql.encode()) + b"B" + struct.pack("!i", len(bind) + 4) + bind
+            + codec.encode_execute("") + SYNC)
+
+
+def test_a_sketchable_batch_of_32768_or_more_parameters_is_answered_as_postgres_does(
+        strict_proxy: ProxyProcess, launch: LaunchProxy, db_dsn: str) -> None:
+    """PostgreSQL takes up to 65535 parameters: its counts are unsigned 16-bit integers. The
+    proxy read a ParameterDescription's count as signed, and a wrapped batch of 32,768 or
+    more parameters ended the session with FATAL XX000 (found by a helper's search in
+    session 26). Several sizes and paddings, until one was wrapped (``IMP SHOW STATS``)."""
+    proxy = launch()
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    with psycopg.connect(via_proxy(db_dsn, proxy.port), autocommit=True) as c:
+        before = stats(c)
+        for n in (32768, 40000, 65535):
+            for pad in (60_000, 100_000, 300_000):
+                batch = _many_parameters(n, pad)
+                direct = _exchange(str(info["host"]), int(str(info["port"])), _db(db_dsn), batch)
+                assert direct[0][0][0] == "1"   # ParseComplete: PostgreSQL took it
+                for _ in range(3):
+                    assert _exchange("127.0.0.1", proxy.port, _db(db_dsn), batch, 60) == direct
+        after = stats(c)
+    entered = sum(int(after[k]) - int(before[k]) for k in ("proxy.wrapped", "proxy.fallbacks"))
+    assert entered > 0, "no batch arrived whole: the test did not reach the wrapping"
 
 
 # ---------------------------------------------------------------- startup phase
