@@ -73,6 +73,14 @@ class LocalAdmin:
                 self._local_fail(admin.AdminError(
                     "08P01", "IMP statements take no parameters"))
                 return "local"
+            width = len(self.admin_stmts[b.statement].columns or ())
+            if len(b.result_formats) > 1 and len(b.result_formats) != width:
+                # PostgreSQL's own check (found by a regression search in session 26: the
+                # Describe after such a Bind raised IndexError and closed the connection)
+                self._local_fail(admin.AdminError(
+                    "08P01", f"bind message has {len(b.result_formats)} result formats but "
+                    f"query has {width} columns"))
+                return "local"
             self.admin_portals[b.portal] = (self.admin_stmts[b.statement], b.result_formats)
             self.client.write(codec.bind_complete())
         elif typ == DESCRIBE:

@@ -411,6 +411,7 @@ _WRITABLE = ("SELECT pg_catalog.pg_is_in_recovery()"
              " OR pg_catalog.current_setting('transaction_read_only')::bool")
 """Is the server read-only to the service role (asked inside a transaction)?"""
 _NEVER_ASKED = (0.0, "")
+_PROTOCOL_VIOLATION = "08P01"
 
 
 class Router:
@@ -685,24 +686,25 @@ class Router:
 
     def _ask_service(self, dbname: str) -> tuple[str, bool] | None:
         """None, or (why the database's queries pass through, whether that is the
-        database's answer — else no service connection could be had). Tried twice on a
-        failure: a pooled connection may have lost its server (a restart) unnoticed."""
-        for attempt in (1, 2):
-            try:
-                with self._service(dbname) as conn:
-                    conn.execute("BEGIN")
-                    row = conn.execute(_WRITABLE).fetchone()
-                    conn.execute("ROLLBACK")
-            except ServiceError as exc:
-                return str(exc), False
-            except psycopg.Error as exc:
-                if attempt == 2:
-                    return (f"a transaction through the upstream did not hold ({str(exc).strip()}"
-                            "; a statement pooler?)", True)
-                continue
-            if row is not None and row[0]:
-                return "the server is read-only (a standby, or default_transaction_read_only)", True
-            return None
+        database's answer — else the asking failed: no service connection could be had, or
+        it broke, as a pooled one whose server restarted does). A transaction that does not
+        hold is told by a protocol violation (08P01: PgBouncer's ``transaction blocks not
+        allowed in statement pooling mode``)."""
+        try:
+            with self._service(dbname) as conn:
+                conn.execute("BEGIN")
+                row = conn.execute(_WRITABLE).fetchone()
+                conn.execute("ROLLBACK")
+        except ServiceError as exc:
+            return str(exc), False
+        except psycopg.Error as exc:
+            why = str(exc).strip()
+            if exc.sqlstate == _PROTOCOL_VIOLATION:
+                return (f"a transaction through the upstream did not hold ({why}; a statement"
+                        " pooler?)", True)
+            return f"a service connection failed: {why}", False
+        if row is not None and row[0]:
+            return "the server is read-only (a standby, or default_transaction_read_only)", True
         return None
 
     @contextlib.contextmanager
@@ -796,6 +798,7 @@ class Router:
             pool = self.pools.discard(name) if self.pools is not None else False
             self._service_down.pop(name, None)
             self._service_settings.pop(name, None)
+            self._refusals.pop(name, None)
             if hook or pool:
                 self.count("databases_released")
                 log.info("released database %r (service pool: %s, hook: %s)", name, pool, hook)

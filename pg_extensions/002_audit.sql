@@ -335,19 +335,36 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- The garbage-collection watermark of each tracked table: every audit row imp.gc_deltas ever
--- deleted had an _xid visible in `bound`. Written by the collecting transaction itself, in the
--- same transaction as the delete (sketches.incremental.collect_garbage: the join of the old
--- watermark and the bound used), read by every delta read's probe: a state whose version does
--- not contain it may have lost rows it still had to apply, and is rebuilt instead (found: a
--- second proxy's state, whose persisted row the first proxy dropped with the sketch, stepped
--- over the rows the first one then collected: a group missing from a HAVING answer).
+-- deleted had an _xid visible in `bound`. Written by imp.gc_deltas itself, in the same
+-- transaction as the delete (the join of the old watermark and the bound used; a concurrent
+-- collection's write to the row fails this one, 40001 under REPEATABLE READ), read by every
+-- delta read's probe: a state whose version does not contain it may have lost rows it still
+-- had to apply, and is rebuilt instead (found: a second proxy's state, whose persisted row the
+-- first proxy dropped with the sketch, stepped over the rows the first one then collected: a
+-- group missing from a HAVING answer). In the function, not its caller: an older proxy on the
+-- same database calls this function without writing the watermark (found in an upgrade).
 CREATE TABLE IF NOT EXISTS imp.collected (
     relid oid PRIMARY KEY,
     bound pg_snapshot NOT NULL
 );
 
+-- The snapshot in which exactly the xids visible in a or in b are visible (xmin and xmax the
+-- larger, xip every listed xid below that xmax visible in neither); sketches.incremental.join.
+CREATE OR REPLACE FUNCTION imp._snapshot_join(a pg_snapshot, b pg_snapshot) RETURNS pg_snapshot
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('%s:%s:%s', x.lo, x.hi,
+                  coalesce((SELECT string_agg(u::text, ',' ORDER BY u)
+                            FROM (SELECT pg_snapshot_xip(a) UNION SELECT pg_snapshot_xip(b))
+                                 AS l(u)
+                            WHERE u >= x.lo AND u < x.hi AND NOT pg_visible_in_snapshot(u, a)
+                              AND NOT pg_visible_in_snapshot(u, b)), ''))::pg_snapshot
+    FROM (SELECT greatest(pg_snapshot_xmin(a), pg_snapshot_xmin(b)) AS lo,
+                 greatest(pg_snapshot_xmax(a), pg_snapshot_xmax(b)) AS hi) AS x
+$$;
+
 -- Deletes the audit rows of `rel` whose transaction is visible in `snap` (the oldest live sketch
--- version of the table: every sketch already covers them). Returns the number of rows deleted.
+-- version of the table: every sketch already covers them), and moves its watermark
+-- (imp.collected) by `snap` when it deleted any. Returns the number of rows deleted.
 -- Then ANALYZEs the audit table when it has no statistics or has outgrown them: never analysed
 -- and rows deleted or more than 100 written; or now more than twice the pages its statistics
 -- saw (a logarithmic number of ANALYZEs while a sketch's state holds the bound back).
@@ -380,6 +397,10 @@ BEGIN
     EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
                    ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
     GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        INSERT INTO imp.collected AS w (relid, bound) VALUES (rel::oid, snap)
+        ON CONFLICT (relid) DO UPDATE SET bound = imp._snapshot_join(w.bound, EXCLUDED.bound);
+    END IF;
     IF (SELECT CASE WHEN c.reltuples < 0
                     THEN n > 0 OR pg_stat_get_mod_since_analyze(audit) > 100
                     ELSE pg_relation_size(audit) > 2 * greatest(c.relpages, 1)

@@ -69,6 +69,14 @@ BEGIN
         RETURN false;
     END IF;
 
+    -- the DROP TRIGGERs below wait at most 2 s for a table's lock (a shorter lock_timeout in
+    -- force is kept): the proxy's own connections set theirs per transaction, and its
+    -- background thread claims in a statement of its own, which would otherwise wait behind a
+    -- client's open transaction for as long as that lasts, and hold that table's readers up
+    PERFORM set_config('lock_timeout', CASE WHEN current_setting('lock_timeout')::interval
+                                              BETWEEN '1 us' AND '2 s'
+                                            THEN current_setting('lock_timeout') ELSE '2s' END,
+                       true);
     DELETE FROM imp.tracked_tables;
     GET DIAGNOSTICS n_tracked = ROW_COUNT;
     -- a trigger cloned onto a partition goes with its parent's (tgparentid)

@@ -136,6 +136,9 @@ class Background(threading.Thread):
 
     def round(self) -> None:
         self.rounds += 1
+        install = getattr(self.manager, "install_deferred", None)
+        if install is not None:
+            install(self._connection())
         self.track()
         m = self.manager
         for tmpl, entry in m.entries():

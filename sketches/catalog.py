@@ -39,14 +39,22 @@ positive value prints a float the same, shortest exact way) as a ``text[]``, eva
 statement that saves or loads a sketch."""
 
 
-def ensure_installed(conn: psycopg.Connection[Any]) -> bool:
+def ensure_installed(conn: psycopg.Connection[Any], lock_wait: str | None = None) -> bool:
     """Installs the ``imp`` schema's migrations if the sketch catalog (or its identity) is
     missing; True when it did (inside the caller's transaction, whose rollback takes the schema
-    away again). Call :func:`claim_identity` before reading anything else of the schema."""
-    if not is_installed(conn):
+    away again). Call :func:`claim_identity` before reading anything else of the schema.
+    ``lock_wait``: the install's ``lock_timeout``, the one in force put back after it."""
+    if is_installed(conn):
+        return False
+    if lock_wait is None:
         pg_extensions.install(conn)
         return True
-    return False
+    row = conn.execute("SELECT current_setting('lock_timeout'),"
+                       " set_config('lock_timeout', %s, true)", (lock_wait,)).fetchone()
+    assert row is not None
+    pg_extensions.install(conn)
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (row[0],))
+    return True
 
 
 def claim_identity(conn: psycopg.Connection[Any], installed: bool = True) -> bool:

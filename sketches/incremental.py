@@ -460,8 +460,9 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     in a REPEATABLE READ transaction that began after ``low`` was read. Returns the rows
     deleted.
 
-    Where it deleted rows it moves the table's watermark (``imp.collected``) to the join of
-    the old one and the bound, in the same transaction: a state this collection could not
+    Where it deletes rows ``imp.gc_deltas`` moves the table's watermark (``imp.collected``)
+    to the join of the old one and the bound, in the same transaction (also when an older
+    proxy on the database collects): a state this collection could not
     see (held in memory by another manager whose persisted row was dropped) is refused by
     the watermark check of ``Pipeline.apply`` instead of stepping over the rows. Another
     collection committing meanwhile makes the watermark's write fail (40001): this round
@@ -485,36 +486,17 @@ def collect_garbage(conn: Conn, live: Mapping[int, Sequence[str]], low: int) -> 
     for rel, vs in live.items():
         versions.setdefault(rel, []).extend(Snapshot.parse(v) for v in vs)
     tables = conn.execute("SELECT relid::bigint FROM imp.tracked_tables").fetchall()
-    watermarks = _watermarks(conn)
+    # watermarks of tables no longer tracked (their states are invalid anyway)
+    conn.execute("DELETE FROM imp.collected AS c WHERE NOT EXISTS"
+                 " (SELECT 1 FROM imp.tracked_tables AS t WHERE t.relid = c.relid)")
     floor = Snapshot(low, low, frozenset())
     deleted = 0
     for (rel,) in tables:
         bound = meet([*versions.get(int(rel), []), floor])
         row = conn.execute("SELECT imp.gc_deltas(%s::oid::regclass, %s::pg_snapshot)",
                            (int(rel), text(bound))).fetchone()
-        n = int(row[0]) if row and row[0] else 0
-        if n:
-            _move_watermark(conn, int(rel), bound, watermarks.get(int(rel)))
-        deleted += n
+        deleted += int(row[0]) if row and row[0] else 0
     catalog.record_if_writer(conn)   # a delete (orphans, audit rows) or an ANALYZE
     log.debug("gc: %d audit rows deleted", deleted)
     return deleted
 
-
-def _watermarks(conn: Conn) -> dict[int, Snapshot]:
-    """The garbage-collection watermark of every table (``imp.collected``), in this
-    transaction's snapshot; watermarks of tables no longer tracked are deleted first (their
-    states are invalid anyway: untracked, or tracked again under a new epoch)."""
-    conn.execute("DELETE FROM imp.collected AS c WHERE NOT EXISTS"
-                 " (SELECT 1 FROM imp.tracked_tables AS t WHERE t.relid = c.relid)")
-    rows = conn.execute("SELECT relid::bigint, bound::text FROM imp.collected").fetchall()
-    return {int(rel): Snapshot.parse(str(bound)) for rel, bound in rows}
-
-
-def _move_watermark(conn: Conn, rel: int, bound: Snapshot, old: Snapshot | None) -> None:
-    """Sets table ``rel``'s watermark to the join of ``old`` and ``bound``, the bound of the
-    rows just deleted. A concurrent collection's write to the same row fails this one (40001
-    under REPEATABLE READ), so no join is ever computed from a stale watermark."""
-    new = bound if old is None else join([old, bound])
-    conn.execute("INSERT INTO imp.collected (relid, bound) VALUES (%s::oid, %s::pg_snapshot)"
-                 " ON CONFLICT (relid) DO UPDATE SET bound = EXCLUDED.bound", (rel, text(new)))

@@ -84,6 +84,9 @@ from sketches.sql.template import TemplateInstance, instance, reusable
 
 log = logging.getLogger(__name__)
 
+INSTALL_LOCK_WAIT = "50ms"
+"""How long an install in a query's prepare waits for a lock (:meth:`SketchManager._install`)."""
+
 _BACKSLASHES = ("standard_conforming_strings is off: a backslash in a literal is an escape, "
                 "which the parser (pglast) and the instrumented text do not have")
 """Why such a session passes through: pglast reads ``'a\\\\b'`` as two backslashes and
@@ -222,6 +225,7 @@ class SketchManager(IncrementalMaintenance):
         self._own_xids: set[int] = set()
         self._installed = False
         self._installing: int | None = None   # thread whose transaction installs schema imp
+        self._install_deferred = False   # left to the background thread (_install)
         self._claimed = False   # imp.claim_identity() ran (catalog.claim_identity)
         self._started: str | None = None   # pg_postmaster_start_time(): see server_started
         self._txn = threading.local()
@@ -1014,6 +1018,8 @@ class SketchManager(IncrementalMaintenance):
         undo = self._uncommitted()
         if undo.installed:   # this transaction installed it
             return
+        if self._install_deferred:
+            raise CatalogBusy("schema imp is being brought up to date by the background thread")
         me = threading.get_ident()
         with self._lock:
             installer = self._installing
@@ -1022,7 +1028,7 @@ class SketchManager(IncrementalMaintenance):
         if installer not in (None, me) and not catalog.is_installed(conn):
             raise CatalogBusy("schema imp is being installed by another query's transaction")
         try:
-            undo.installed = catalog.ensure_installed(conn)
+            undo.installed = self._install(conn)
             self._claim_or_defer(conn, installed=True)
             loaded = catalog.own_xids(conn)  # a previous run's catalog-only transactions
         finally:
@@ -1034,6 +1040,36 @@ class SketchManager(IncrementalMaintenance):
             self._own_xids |= loaded
             if not undo.installed:
                 self._installed = True
+
+    def _install(self, conn: psycopg.Connection[Any]) -> bool:
+        """:func:`catalog.ensure_installed` in a query's prepare, waiting at most
+        :data:`INSTALL_LOCK_WAIT` for a lock. An install may track every table afresh (a DDL
+        guard made or enabled anew: ``ddl_guard.sql``), and its DROP TRIGGER waits for the
+        ACCESS SHARE the client's own backend holds on the query's tables while it prepares:
+        then the background thread installs between queries, and queries pass through until
+        it has (found in an upgrade from a version whose guard was not enabled ALWAYS: every
+        query waited 2 s for the lock and passed through, for ever)."""
+        try:
+            return catalog.ensure_installed(conn, INSTALL_LOCK_WAIT)
+        except psycopg.errors.LockNotAvailable:
+            if self._conninfo is not None:
+                self._install_deferred = True
+                self._ensure_background()
+            raise
+
+    def install_deferred(self, conn: psycopg.Connection[Any]) -> None:
+        """The install a query's prepare left to the background thread (:meth:`_install`),
+        on its connection; a lock it cannot have waits for the next round."""
+        if not self._install_deferred:
+            return
+        try:
+            with conn.transaction():
+                catalog.ensure_installed(conn)
+        except psycopg.errors.LockNotAvailable as exc:
+            log.info("schema imp not yet brought up to date (%s): next round", exc)
+            return
+        self._install_deferred = False
+        log.info("schema imp brought up to date")
 
     def _claim_or_defer(self, conn: psycopg.Connection[Any], installed: bool = False) -> None:
         """:meth:`claim_identity` in a query's prepare. The claim drops audit triggers (ACCESS

@@ -12,8 +12,11 @@ import pytest
 from psycopg import errors, pq
 
 from imp_proxy.admin import SKETCH_COLUMNS, AdminError, parse_admin
+from imp_proxy.protocol import codec
+from imp_proxy.protocol.messages import Bind
 
 from .conftest import ProxyProcess, StartProxy, via_proxy
+from .rawclient import RawClient
 
 HOOK = "tests.imp_proxy.hooks:create_hook"
 Q = "SELECT grp, count(*) AS n FROM probe GROUP BY grp ORDER BY grp"
@@ -307,3 +310,28 @@ def test_a_failing_check_leaves_the_clients_transaction_usable(
         c.execute("IMP SHOW SKETCHES").fetchall()
         assert c.info.transaction_status == pq.TransactionStatus.INTRANS
         assert c.execute("SELECT 2").fetchone() == (2,)
+
+
+@pytest.mark.parametrize("formats", [(1, 0), (0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1)])
+def test_a_bind_with_another_number_of_result_formats_fails_as_in_postgresql(
+        adsn: str, formats: tuple[int, ...]) -> None:
+    """More than one result format code, but not one per column: PostgreSQL's ``08P01 bind
+    message has 2 result formats but query has N columns``, and the session goes on (found by
+    a regression search in session 26: the Describe after such a Bind of an IMP statement
+    raised IndexError in the proxy, which closed the connection without a word)."""
+    info = psycopg.conninfo.conninfo_to_dict(adsn)
+    c = RawClient("127.0.0.1", int(str(info["port"])))
+    try:
+        c.startup(str(info["user"]), str(info["dbname"]))
+        c.send(codec.encode_parse("", "IMP SHOW SKETCHES")
+               + codec.encode_bind(Bind("", "", (), (), formats)) + codec.encode_describe("P", "")
+               + codec.encode_execute("") + codec.encode_sync()
+               + codec.encode_query("SELECT 42"))
+        first, then = c.until_ready(), c.until_ready()
+    finally:
+        c.close()
+    errors_ = [codec.decode_error_fields(m) for t, m in first if t == ord("E")]
+    assert [(e.sqlstate, e.message) for e in errors_] == [
+        ("08P01", f"bind message has {len(formats)} result formats but query has "
+                  f"{len(SKETCH_COLUMNS)} columns")]
+    assert [codec.decode_data_row(m).values for t, m in then if t == ord("D")] == [(b"42",)]
