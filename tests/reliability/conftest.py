@@ -103,6 +103,26 @@ def backend_count(admin_dsn: str, app: str) -> int:
                                  "WHERE application_name = %s", (app,)))
 
 
+HAVING_T = "SELECT g, sum(v) AS s FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
+TOPK_T = "SELECT g, count(*) AS n, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"
+"""A HAVING and a top-k query over :func:`load_t`'s table, which :func:`move_t` changes."""
+
+
+def load_t(dsn: str) -> None:
+    """Table ``t (g, v)``: 100,000 rows in 1000 groups."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (g int NOT NULL, v int NOT NULL)")
+        c.execute("INSERT INTO t SELECT i % 1000, i FROM generate_series(1, 100000) i")
+        c.execute("ANALYZE t")
+
+
+def move_t(dsn: str, n: int) -> None:
+    """Write ``n`` of a sequence that moves groups into both queries' answers."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("UPDATE t SET v = v + 90000 WHERE g = %s", (n % 1000,))
+        c.execute("INSERT INTO t SELECT 4242 + %s, i FROM generate_series(1, 80) i", (n,))
+
+
 @pytest.fixture(scope="module")
 def launch(admin_dsn: str) -> Iterator[LaunchProxy]:
     """``launch(*flags, upstream=dsn)``: a proxy subprocess (sketches on unless

@@ -19,10 +19,8 @@ import pytest
 
 from bench.pgbench_bench import pgbouncer
 
-from .conftest import LaunchProxy, via_proxy
+from .conftest import HAVING_T, TOPK_T, LaunchProxy, load_t, move_t, via_proxy
 
-HAVING = "SELECT g, sum(v) AS s FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
-TOPK = "SELECT g, count(*) AS n, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"
 POOL_SIZE = 4
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ def pooled(fresh_db: Callable[[], str]) -> Iterator[Pooled]:
     @contextmanager
     def start(mode: str) -> Iterator[Pooler]:
         dsn = fresh_db()
-        _load(dsn)
+        load_t(dsn)
         info = psycopg.conninfo.conninfo_to_dict(dsn)
         with pgbouncer(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
                        work / mode, mode=mode, pool_size=POOL_SIZE) as target:
@@ -54,19 +52,6 @@ def pooled(fresh_db: Callable[[], str]) -> Iterator[Pooled]:
         yield start
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _load(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE t (g int NOT NULL, v int NOT NULL)")
-        c.execute("INSERT INTO t SELECT i % 1000, i FROM generate_series(1, 100000) i")
-        c.execute("ANALYZE t")
-
-
-def _write(dsn: str, n: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("UPDATE t SET v = v + 90000 WHERE g = %s", (n % 1000,))
-        c.execute("INSERT INTO t SELECT 4242 + %s, i FROM generate_series(1, 80) i", (n,))
 
 
 def _same(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any], q: str) -> None:
@@ -108,9 +93,9 @@ def test_transaction_pooling_keeps_the_proxys_settings_off_the_pooled_servers(
         with psycopg.connect(proxied, autocommit=True, prepare_threshold=None) as pc, \
                 psycopg.connect(direct, autocommit=True) as dc:
             for n in range(4):   # captures and maintenances on service connections
-                _same(pc, dc, HAVING)
-                _same(pc, dc, TOPK)
-                _write(direct, n)
+                _same(pc, dc, HAVING_T)
+                _same(pc, dc, TOPK_T)
+                move_t(direct, n)
         assert _settings_of_every_server(proxied) == {("0", "1h")}
         assert _settings_of_every_server(bouncer) == {("0", "1h")}
         _lock_wait_outlasts(proxied, direct, seconds=2.5)
@@ -159,11 +144,11 @@ def test_statement_pooling_passes_every_query_through(pooled: Pooled,
                              prepare_threshold=None) as pc, \
                 psycopg.connect(direct, autocommit=True) as dc:
             for n in range(3):
-                for q in (HAVING, TOPK):
+                for q in (HAVING_T, TOPK_T):
                     _same(pc, dc, q)
                     _same(pc, dc, q)
-                _write(direct, n)
-            plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {HAVING}").fetchall())
+                move_t(direct, n)
+            plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {HAVING_T}").fetchall())
             assert plan["decision"] == "passthrough"
             assert "statement pooler" in str(plan["reason"])
         assert p.proc.poll() is None
@@ -182,10 +167,10 @@ def test_session_and_transaction_pooling_answer_exactly(pooled: Pooled, launch: 
                              prepare_threshold=None) as pc, \
                 psycopg.connect(direct, autocommit=True) as dc:
             for n in range(6):
-                for q in (HAVING, TOPK):
+                for q in (HAVING_T, TOPK_T):
                     _same(pc, dc, q)
                     _same(pc, dc, q)
                     plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {q}").fetchall())
                     decisions.add(str(plan["decision"]))
-                _write(direct, n)
+                move_t(direct, n)
         assert "use" in decisions, decisions

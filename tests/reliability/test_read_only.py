@@ -18,10 +18,18 @@ import pytest
 
 from imp_proxy.embedded import PG_BIN, LocalPostgres
 
-from .conftest import LaunchProxy, ProxyProcess, scalar, via_proxy, wait_until
+from .conftest import (
+    HAVING_T,
+    TOPK_T,
+    LaunchProxy,
+    ProxyProcess,
+    load_t,
+    move_t,
+    scalar,
+    via_proxy,
+    wait_until,
+)
 
-HAVING = "SELECT g, sum(v) AS s FROM t GROUP BY g HAVING sum(v) > 5040000 ORDER BY g"
-TOPK = "SELECT g, count(*) AS n, max(v) AS m FROM t GROUP BY g ORDER BY m DESC, g LIMIT 5"
 READ_ONLY = "the server is read-only"
 
 
@@ -54,19 +62,6 @@ def standby() -> Iterator[tuple[LocalPostgres, LocalPostgres]]:
         primary.destroy()
 
 
-def _load(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE t (g int NOT NULL, v int NOT NULL)")
-        c.execute("INSERT INTO t SELECT i % 1000, i FROM generate_series(1, 100000) i")
-        c.execute("ANALYZE t")
-
-
-def _write(dsn: str, n: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("UPDATE t SET v = v + 90000 WHERE g = %s", (n % 1000,))
-        c.execute("INSERT INTO t SELECT 4242 + %s, i FROM generate_series(1, 80) i", (n,))
-
-
 def _caught_up(primary: str, replica: str) -> None:
     lsn = scalar(primary, "SELECT pg_current_wal_lsn()::text")
     assert wait_until(lambda: bool(scalar(
@@ -81,9 +76,9 @@ def _exact_and_refused(proxied: str, direct: str, rounds: int) -> None:
     with psycopg.connect(proxied, autocommit=True) as pc, \
             psycopg.connect(direct, autocommit=True) as dc:
         for _ in range(rounds):
-            for q in (HAVING, TOPK):
+            for q in (HAVING_T, TOPK_T):
                 assert pc.execute(q).fetchall() == dc.execute(q).fetchall(), q
-        plan = _decision(pc, HAVING)
+        plan = _decision(pc, HAVING_T)
         assert plan["decision"] == "passthrough"
         assert READ_ONLY in str(plan["reason"]), plan
 
@@ -99,7 +94,7 @@ def _warned_once(proxy: ProxyProcess) -> None:
 def test_a_read_only_database_passes_through_with_one_warning(fresh_db: Any,
                                                               launch: LaunchProxy) -> None:
     direct = str(fresh_db())
-    _load(direct)
+    load_t(direct)
     name = psycopg.conninfo.conninfo_to_dict(direct)["dbname"]
     with psycopg.connect(direct, autocommit=True) as c:
         c.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
@@ -112,29 +107,29 @@ def test_a_read_only_database_passes_through_with_one_warning(fresh_db: Any,
 def test_a_hot_standby_passes_through_and_is_sketched_once_promoted(
         standby: tuple[LocalPostgres, LocalPostgres], launch: LaunchProxy) -> None:
     primary, replica = standby
-    _load(primary.dsn())
+    load_t(primary.dsn())
     _caught_up(primary.dsn(), replica.dsn())
     proxy = launch(upstream=replica.dsn())
     proxied = via_proxy(replica.dsn(), proxy.port)
     for n in range(3):
         _exact_and_refused(proxied, replica.dsn(), rounds=4)
-        _write(primary.dsn(), n)
+        move_t(primary.dsn(), n)
         _caught_up(primary.dsn(), replica.dsn())
     _warned_once(proxy)
     done = subprocess.run(_as_server_user([str(PG_BIN / "pg_ctl"), "promote", "-w", "-D",
                                            str(replica.datadir)]), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    _write(replica.dsn(), 7)
+    move_t(replica.dsn(), 7)
     with psycopg.connect(proxied, autocommit=True) as pc, \
             psycopg.connect(replica.dsn(), autocommit=True) as dc:
 
         def sketched() -> bool:
-            for q in (HAVING, TOPK):
+            for q in (HAVING_T, TOPK_T):
                 assert pc.execute(q).fetchall() == dc.execute(q).fetchall(), q
-            return str(_decision(pc, HAVING)["decision"]) in ("use", "capture")
+            return str(_decision(pc, HAVING_T)["decision"]) in ("use", "capture")
 
         assert wait_until(sketched, timeout=60, interval=1.0)
         for n in range(8, 11):   # maintained on the promoted server
-            _write(replica.dsn(), n)
-            for q in (HAVING, TOPK):
+            move_t(replica.dsn(), n)
+            for q in (HAVING_T, TOPK_T):
                 assert pc.execute(q).fetchall() == dc.execute(q).fetchall(), q
