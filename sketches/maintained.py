@@ -190,7 +190,7 @@ class IncrementalMaintenance:
             if entry.analysis is None:
                 raise NotMaintainable("the sketch's query could not be analysed")
             targets = [SketchTarget(p.table.index, p.column, p.partition) for p in sketch.parts]
-            pipeline = incremental.compile_checked(conn, entry.analysis, targets, sketch.params)
+            pipeline = self._compile(conn, entry.analysis, targets, sketch.params)
         except NotMaintainable as exc:
             entry.ivm_off = str(exc)
             return False
@@ -439,6 +439,14 @@ class IncrementalMaintenance:
             self._count("shared_states")
             return shared.sketch(entry.head)
         return None
+
+    def _compile(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
+                 targets: Sequence[SketchTarget], params: Sequence[object] | None) -> Pipeline:
+        """:func:`incremental.compile_checked`, its state builds bounded by the
+        ``max_state_rows`` setting."""
+        pipeline = incremental.compile_checked(conn, analysis, targets, params)
+        pipeline.max_rows = self.settings.max_state_rows
+        return pipeline
 
     def _queue_tracking(self, pipeline: Pipeline, session: incremental.SessionSettings) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -125,7 +126,10 @@ class SketchSettings:
     (:meth:`SketchManager.evict_idle`);
     ``share_state``: a new sketch of a template whose query differs from an incrementally
     maintained sketch's only in HAVING, or only in the k of a top-k over groups, shares that
-    sketch's aggregate state (one maintenance per delta for both, no state build)."""
+    sketch's aggregate state (one maintenance per delta for both, no state build);
+    ``max_state_rows``: a sketch whose state build reads more rows than this in one query
+    (groups × fragments, say) is kept by recapture instead (a state costs about 0.9 KiB of
+    the proxy's memory per group)."""
 
     enabled: bool = True
     fragments: int = 1000
@@ -144,6 +148,7 @@ class SketchSettings:
     state_interval: float = 10.0
     share_state: bool = True
     idle_evict_after: float = 600.0
+    max_state_rows: int = 1_000_000
 
     def __post_init__(self) -> None:
         incremental.check_strategy(self.strategy)
@@ -157,6 +162,8 @@ class SketchSettings:
                              "own_sketch_min_coverage in [0, 1]")
         if not self.idle_evict_after >= 0:   # also NaN
             raise ValueError("idle_evict_after must be >= 0 (0: never)")
+        if self.max_state_rows < 1:
+            raise ValueError("max_state_rows must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +221,7 @@ class SketchManager(IncrementalMaintenance):
         self._classified: OrderedDict[str, Classification] = OrderedDict()
         self._analysed: OrderedDict[tuple[str, str], tuple[QueryAnalysis, Safety]] = \
             OrderedDict()
-        self._templates: dict[str, _Template] = {}
+        self._templates: OrderedDict[str, _Template] = OrderedDict()   # least recent first
         self._instances: OrderedDict[tuple[object, ...], TemplateInstance] = OrderedDict()
         self._role_checked: OrderedDict[tuple[str, str], tuple[str, lookup.Relations]] = \
             OrderedDict()
@@ -351,9 +358,8 @@ class SketchManager(IncrementalMaintenance):
                         settings_differ: str | None = None,
                         stop: threading.Event | None = None,
                         role: str | None = None) -> Prepared:
-        tmpl = self._template(template)
         self._txn.uncommitted = _Uncommitted()
-        with _held(tmpl.lock, stop):
+        with self._held_template(template, stop) as tmpl:
             tmpl.seen += 1
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
@@ -517,9 +523,42 @@ class SketchManager(IncrementalMaintenance):
             self._stats["passthrough"] += 1
         return Prepared("passthrough", reason, None, None)
 
-    def _template(self, template: str) -> _Template:
-        with self._lock:
-            return self._templates.setdefault(template, _Template())
+    @contextlib.contextmanager
+    def _held_template(self, template: str,
+                       stop: threading.Event | None) -> Iterator[_Template]:
+        """The template's state, its lock held inside; one :meth:`_trim_templates` dropped
+        while this thread waited for its lock is made anew."""
+        while True:
+            with self._lock:
+                tmpl = self._templates.get(template)
+                if tmpl is None:
+                    tmpl = self._templates[template] = _Template()
+                    self._trim_templates(keep=template)
+                else:
+                    self._templates.move_to_end(template)
+            with _held(tmpl.lock, stop):
+                if self._templates.get(template) is tmpl:
+                    yield tmpl
+                    return
+
+    def _trim_templates(self, keep: str) -> None:
+        """Drops the least recently used templates that hold no sketch and no thread holds,
+        beyond ``classify_cache_size`` (under ``self._lock``), never ``keep`` (the one just
+        made). Why: a template was kept for
+        every query shape ever classified a candidate, also one that then failed or passed
+        through (found by a helper's search of resource bounds in session 26: 0.6 KiB more
+        per distinct shape, for ever). What a dropped one knew is its execution count, read
+        again from zero, and that its catalog sketches were loaded."""
+        excess = len(self._templates) - self.settings.classify_cache_size
+        if excess <= 0:
+            return
+        for key in list(itertools.islice(self._templates, 4 * excess + 16)):
+            tmpl = self._templates[key]
+            if key != keep and not tmpl.entries and not tmpl.lock.locked():
+                del self._templates[key]
+                excess -= 1
+                if excess <= 0:
+                    return
 
     def _prepare(self, conn: psycopg.Connection[Any], sql: str,
                  params: tuple[object, ...] | None, template: str,
@@ -846,7 +885,7 @@ class SketchManager(IncrementalMaintenance):
             sketch_targets = [SketchTarget(t.table.index, t.column, t.partition)
                               for t in targets]
             try:
-                pipeline = incremental.compile_checked(conn, analysis, sketch_targets, params)
+                pipeline = self._compile(conn, analysis, sketch_targets, params)
             except NotMaintainable as exc:
                 entry.ivm_off = str(exc)
                 log.info("not maintained incrementally (%s): %s", exc, sql[:80])

@@ -196,6 +196,11 @@ class Pipeline:
         self.broken = False
         self.stats: dict[str, int] = {"keys_filtered": 0, "lookups_skipped": 0}
         self.filters: list[tuple[KeyFilter | None, KeyFilter | None]] = []
+        self.max_rows: int | None = None
+        """The most rows one query of a state build may return, else :class:`NotMaintainable`
+        (the sketch is kept by recapture): the state's memory grows with them, about 0.9 KiB
+        per group (found by a helper's search of resource bounds in session 26: 1M groups
+        took 1.2 GiB, and nothing stopped 10M)."""
         self.applied = 0
         """Size of the last ``maintain``'s delta as the operators took it: delta rows, or
         pre-aggregated (group, fragments) changes; at least 1 when any table had delta rows
@@ -263,7 +268,11 @@ class Pipeline:
 
     def _run(self, query: sql.Composed) -> list[tuple[Any, ...]]:
         assert self._conn is not None
-        rows: list[tuple[Any, ...]] = self._conn.execute(query).fetchall()
+        cur = self._conn.execute(query)
+        if self.max_rows is not None and cur.rowcount > self.max_rows:
+            raise NotMaintainable(f"a state of more than {self.max_rows:,} rows "
+                                  f"({cur.rowcount:,}; max_state_rows)")
+        rows: list[tuple[Any, ...]] = cur.fetchall()
         return rows
 
     def current(self, positions: Sequence[int], extra: Sequence[sql.Composable] = (),

@@ -578,3 +578,19 @@ def test_a_first_query_passes_through_while_another_installs_the_catalog(
         assert prepare(m, b, other).decision == "capture"
     assert len(m.sketches()) == 2
     m.close()
+
+
+def test_templates_without_sketches_are_bounded(svc: psycopg.Connection[Any]) -> None:
+    """A template was kept for every query shape classified a candidate, also one that then
+    passed through or failed (found by a helper's search of resource bounds in session 26:
+    about 0.6 KiB per distinct shape, for ever). Beyond ``classify_cache_size`` the least
+    recently used ones without a sketch go; the template with a sketch stays and is used."""
+    m = SketchManager(SketchSettings(classify_cache_size=8))
+    kept = prepare(m, svc, HAVING, [100])
+    assert kept.decision == "capture"
+    for i in range(40):   # distinct shapes naming no column of mt: they pass through
+        done = prepare(m, svc, f"SELECT g, sum(nosuch_{i}) FROM mt GROUP BY g"
+                               f" HAVING sum(nosuch_{i}) > 1")
+        assert done.decision == "passthrough"
+        assert int(m.stats()["templates"]) <= 8
+    assert prepare(m, svc, HAVING, [100]).decision == "use"

@@ -346,6 +346,30 @@ def test_float_sum_is_not_maintained_incrementally(db: str) -> None:
             m.close()
 
 
+def test_a_state_beyond_max_state_rows_is_kept_by_recapture(db: str) -> None:
+    """A state's memory grows with its groups (found by a helper's search of resource
+    bounds in session 26: 1M groups took 1.2 GiB of the proxy's memory, and nothing stopped
+    more); a state build reading more than ``max_state_rows`` rows in one query gives up,
+    and the sketch is recaptured, with PostgreSQL's answers."""
+    with psycopg.connect(db, autocommit=True) as c:
+        for limit, strategy in ((299, "recapture"), (100_000, "lazy")):
+            table = f"wide_{limit}"
+            c.execute(f"CREATE TABLE {table} (g int, v int)")
+            c.execute(f"INSERT INTO {table} SELECT i % 300, i FROM generate_series(1, 3000) i")
+            c.execute(f"ANALYZE {table}")
+            c.execute(f"SELECT imp.track_table('{table}'::regclass)")
+            q = f"SELECT g, sum(v) FROM {table} GROUP BY g HAVING sum(v) > 15200 ORDER BY g"
+            m = SketchManager(SketchSettings(fragments=5, max_state_rows=limit))
+            try:
+                p = check(m, c, q, None)
+                assert p.decision == "capture"
+                assert entry_of(m, p.sketch_id)["strategy"] == strategy, limit
+                c.execute(f"UPDATE {table} SET v = v + 1000 WHERE g = 3")
+                check(m, c, q, None)
+            finally:
+                m.close()
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT g, max(ts) FROM inf GROUP BY g HAVING max(ts) > '2020-01-14' ORDER BY g",
     "SELECT id, ts FROM inf ORDER BY ts DESC, id LIMIT 3",
