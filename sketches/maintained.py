@@ -25,7 +25,7 @@ from sketches import deltas, incremental
 from sketches.backends.base import BackendError
 from sketches.capture import CaptureTarget
 from sketches.ivm import state as ivm_state
-from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken
+from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken, StateTooLarge
 from sketches.ivm.pipeline import Head, Pipeline
 from sketches.ivm.plan import SketchTarget, state_analysis
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
@@ -102,6 +102,9 @@ class Template:
     lock: threading.Lock = field(default_factory=threading.Lock)
     seen: int = 0
     loaded: bool = False
+    too_large: int = 0
+    """The ``max_state_rows`` under which a state build of the template gave up (0: none):
+    no build is tried again under that limit or a lower one."""
     entries: list[Entry] = field(default_factory=list)
     runs: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
     """Executions per parameter values (the most recent ``_RUNS_KEPT`` values)."""
@@ -189,6 +192,7 @@ class IncrementalMaintenance:
         try:
             if entry.analysis is None:
                 raise NotMaintainable("the sketch's query could not be analysed")
+            self._refuse_too_large(tmpl)
             targets = [SketchTarget(p.table.index, p.column, p.partition) for p in sketch.parts]
             pipeline = self._compile(conn, entry.analysis, targets, sketch.params)
         except NotMaintainable as exc:
@@ -220,6 +224,7 @@ class IncrementalMaintenance:
             frags = pipeline.build_state(conn, self._seed(
                 conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
         except NotMaintainable as exc:  # refused on the data (e.g. text ordering, collation)
+            self._note_too_large(tmpl, exc)
             entry.ivm_off = str(exc)
             return False
         except deltas.RoundedFloats:   # this session's; another's may build the state
@@ -439,6 +444,17 @@ class IncrementalMaintenance:
             self._count("shared_states")
             return shared.sketch(entry.head)
         return None
+
+    def _refuse_too_large(self, tmpl: Template | None) -> None:
+        """Raises :class:`StateTooLarge` when a build of the template gave up under the
+        ``max_state_rows`` in force or a higher one (found by a regression search in session
+        26: every recapture ran the whole refused build query again)."""
+        if tmpl is not None and tmpl.too_large and self.settings.max_state_rows <= tmpl.too_large:
+            raise StateTooLarge(f"a state of more than {tmpl.too_large:,} rows (max_state_rows)")
+
+    def _note_too_large(self, tmpl: Template | None, exc: Exception) -> None:
+        if tmpl is not None and isinstance(exc, StateTooLarge):
+            tmpl.too_large = self.settings.max_state_rows
 
     def _compile(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
                  targets: Sequence[SketchTarget], params: Sequence[object] | None) -> Pipeline:

@@ -13,6 +13,11 @@ class NotMaintainable(IvmError):
     """The query (or part of it) cannot be maintained incrementally: recapture instead."""
 
 
+class StateTooLarge(NotMaintainable):
+    """A state build would read more rows than ``max_state_rows``: the template's sketches
+    are kept by recapture, and no build of the template is tried again under that limit."""
+
+
 class InconsistentDelta(IvmError):
     """A delta deletes more than the operator's state holds: the state does not match the
     database (wrong version, lost deltas). The operator's state is unusable: recapture."""

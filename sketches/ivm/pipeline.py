@@ -44,6 +44,7 @@ from sketches.ivm.errors import (
     NotMaintainable,
     PipelineBroken,
     StateFormatError,
+    StateTooLarge,
 )
 from sketches.ivm.keyfilter import KeyFilter
 from sketches.ivm.ops.accumulators import best_values
@@ -270,8 +271,7 @@ class Pipeline:
         assert self._conn is not None
         cur = self._conn.execute(query)
         if self.max_rows is not None and cur.rowcount > self.max_rows:
-            raise NotMaintainable(f"a state of more than {self.max_rows:,} rows "
-                                  f"({cur.rowcount:,}; max_state_rows)")
+            raise StateTooLarge(f"a state of more than {self.max_rows:,} rows (max_state_rows)")
         rows: list[tuple[Any, ...]] = cur.fetchall()
         return rows
 
@@ -435,7 +435,11 @@ class Pipeline:
         select = sql.SQL(", ").join([*group, *aggregates, sql.SQL("count(*)")])
         by = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
             sql.SQL(str(i + 1)) for i in range(len(group)))) if group else sql.SQL("")
-        query = sql.SQL("SELECT {} {}{}").format(select, self._from_where(self._all(), extra), by)
+        # one row more than the limit tells the build to give up, and no more is sent
+        limit = sql.SQL("") if self.max_rows is None else sql.SQL(" LIMIT {}").format(
+            sql.Literal(self.max_rows + 1))
+        query = sql.SQL("SELECT {} {}{}{}").format(select, self._from_where(self._all(), extra),
+                                                   by, limit)
         return self._run(query)
 
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:

@@ -11,10 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
+import pg_extensions
 from sketches import catalog
 from sketches.errors import CaptureError
 from sketches.maintained import INSTRUMENTED_KEPT
 from sketches.manager import (
+    INSTALL_LOCK_WAIT,
     MaintenanceRequest,
     Prepared,
     SketchManager,
@@ -594,3 +596,51 @@ def test_templates_without_sketches_are_bounded(svc: psycopg.Connection[Any]) ->
         assert done.decision == "passthrough"
         assert int(m.stats()["templates"]) <= 8
     assert prepare(m, svc, HAVING, [100]).decision == "use"
+
+
+def test_a_deferred_install_backs_off_and_is_finished_by_a_background_started_anew(
+        data: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install a query's prepare cannot finish for a lock is left to the background
+    thread. Found by a regression search in session 26: that thread's attempt queued an
+    ACCESS EXCLUSIVE request for 2 s in every 0.25 s round (holding every reader of the
+    table up behind a client's open transaction), and a thread that had ended (server
+    unreachable for minutes) was never started again, so queries passed through for ever.
+    Now each attempt waits at most INSTALL_LOCK_WAIT, the next one twice as late, and a
+    query that finds the install deferred starts the thread."""
+    m = SketchManager()
+    now = [0.0]
+    m._clock = lambda: now[0]
+    attempts: list[str | None] = []
+    real = catalog.ensure_installed
+
+    def counted(conn: psycopg.Connection[Any], lock_wait: str | None = None) -> bool:
+        attempts.append(lock_wait)
+        return real(conn, lock_wait)
+
+    monkeypatch.setattr(catalog, "ensure_installed", counted)
+    with psycopg.connect(data, autocommit=True) as svc, \
+            psycopg.connect(data, autocommit=True) as holder:
+        svc.execute("ALTER TABLE imp.sketches DROP COLUMN settings")   # an older catalog
+        svc.execute("UPDATE imp.schema_version SET checksum = 'older' WHERE version = 1")
+        m._install_deferred = True   # as a prepare blocked by a lock leaves it
+        holder.execute("SELECT pg_advisory_lock(%s)", (pg_extensions._LOCK_KEY,))
+        try:
+            for second in range(12):   # another installer holds its lock throughout
+                now[0] = float(second)
+                m.install_deferred(svc)
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (pg_extensions._LOCK_KEY,))
+        assert attempts == [INSTALL_LOCK_WAIT] * 4   # at 0, 1, 3 and 7 s
+        assert m._install_deferred and not catalog.is_installed(svc)
+        now[0] = 100.0
+        try:
+            # no background thread yet (it had ended): the query starts one
+            assert prepare(m, svc, HAVING, [100]).decision == "passthrough"
+            deadline = time.monotonic() + 30
+            while m._install_deferred:
+                assert time.monotonic() < deadline, "the background never installed"
+                time.sleep(0.05)
+            assert catalog.is_installed(svc)
+            assert prepare(m, svc, HAVING, [100]).decision in ("capture", "use")
+        finally:
+            m.close()

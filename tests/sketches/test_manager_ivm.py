@@ -28,6 +28,7 @@ from psycopg.types.string import TextLoader
 import pg_extensions
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
+from sketches.ivm.pipeline import Pipeline
 from sketches.manager import Prepared, SketchManager, SketchSettings
 from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.sql import analyse
@@ -1721,3 +1722,36 @@ def test_own_transactions_are_forgotten_once_every_snapshot_sees_them(own_db: st
             m.close()
     assert held <= 5, f"{held} own transactions still held in memory after 30 saves"
     assert saved is not None and saved[0] <= 5, f"{saved[0]} rows left in imp.own_xacts"
+
+
+def test_a_template_whose_state_was_too_large_is_not_built_again(
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a regression search in session 26: after a state build gave up on
+    ``max_state_rows``, every recapture (one per write) ran the whole build query again.
+    Now the template remembers it until the limit is raised."""
+    builds: list[int] = []
+    real = Pipeline.build_state
+
+    def counted(self: Pipeline, *args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "build_state", counted)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("CREATE TABLE too_wide (g int, v int)")
+        c.execute("INSERT INTO too_wide SELECT i % 300, i FROM generate_series(1, 3000) i")
+        c.execute("ANALYZE too_wide")
+        c.execute("SELECT imp.track_table('too_wide'::regclass)")
+        q = "SELECT g, sum(v) FROM too_wide GROUP BY g HAVING sum(v) > 15200 ORDER BY g"
+        m = SketchManager(SketchSettings(fragments=5, max_state_rows=299))
+        try:
+            for i in range(5):
+                assert check(m, c, q, None).decision == "capture"
+                c.execute("UPDATE too_wide SET v = v + 1 WHERE g = %s", (i,))
+            assert len(builds) == 1
+            m.configure("max_state_rows", "100000")
+            p = check(m, c, q, None)
+            assert p.decision == "capture"
+            assert entry_of(m, p.sketch_id)["strategy"] == "lazy"
+        finally:
+            m.close()
