@@ -58,6 +58,22 @@ def _same(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any], q: 
     assert proxied.execute(q).fetchall() == direct.execute(q).fetchall(), q
 
 
+def _rounds(proxied: str, direct: str, rounds: int) -> set[str]:
+    """``rounds`` of both queries through ``proxied``, each twice and compared with PostgreSQL,
+    then asked ``IMP EXPLAIN``; a write between rounds. Returns the decisions seen."""
+    decisions: set[str] = set()
+    with psycopg.connect(proxied, autocommit=True, prepare_threshold=None) as pc, \
+            psycopg.connect(direct, autocommit=True) as dc:
+        for n in range(rounds):
+            for q in (HAVING_T, TOPK_T):
+                _same(pc, dc, q)
+                _same(pc, dc, q)
+                plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {q}").fetchall())
+                decisions.add(str(plan["decision"]))
+            move_t(direct, n)
+    return decisions
+
+
 def _settings_of_every_server(dsn: str) -> set[tuple[str, str]]:
     """``lock_timeout`` and ``idle_in_transaction_session_timeout`` as each of the pooler's
     ``POOL_SIZE`` server connections has them (one transaction open on each at once)."""
@@ -140,17 +156,12 @@ def test_statement_pooling_passes_every_query_through(pooled: Pooled,
     with pooled("statement") as db:
         bouncer, direct = db.bouncer, db.direct
         p = launch(upstream=bouncer)
-        with psycopg.connect(via_proxy(bouncer, p.port), autocommit=True,
-                             prepare_threshold=None) as pc, \
-                psycopg.connect(direct, autocommit=True) as dc:
-            for n in range(3):
-                for q in (HAVING_T, TOPK_T):
-                    _same(pc, dc, q)
-                    _same(pc, dc, q)
-                move_t(direct, n)
+        proxied = via_proxy(bouncer, p.port)
+        assert _rounds(proxied, direct, 3) == {"passthrough"}
+        with psycopg.connect(proxied, autocommit=True, prepare_threshold=None) as pc:
             plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {HAVING_T}").fetchall())
-            assert plan["decision"] == "passthrough"
-            assert "statement pooler" in str(plan["reason"])
+        assert plan["decision"] == "passthrough"
+        assert "statement pooler" in str(plan["reason"])
         assert p.proc.poll() is None
 
 
@@ -162,15 +173,5 @@ def test_session_and_transaction_pooling_answer_exactly(pooled: Pooled, launch: 
     with pooled(mode) as db:
         bouncer, direct = db.bouncer, db.direct
         p = launch(upstream=bouncer)
-        decisions: set[str] = set()
-        with psycopg.connect(via_proxy(bouncer, p.port), autocommit=True,
-                             prepare_threshold=None) as pc, \
-                psycopg.connect(direct, autocommit=True) as dc:
-            for n in range(6):
-                for q in (HAVING_T, TOPK_T):
-                    _same(pc, dc, q)
-                    _same(pc, dc, q)
-                    plan: dict[Any, Any] = dict(pc.execute(f"IMP EXPLAIN {q}").fetchall())
-                    decisions.add(str(plan["decision"]))
-                move_t(direct, n)
+        decisions = _rounds(via_proxy(bouncer, p.port), direct, 6)
         assert "use" in decisions, decisions
