@@ -24,6 +24,7 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from sketches import service
 from sketches.lookup import search_path_schemas
 from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.service import LOCAL_SETTINGS, SERVICE_LOCK_WAIT, ServiceConnection
@@ -692,7 +693,10 @@ class Router:
         allowed in statement pooling mode``)."""
         try:
             with self._service(dbname) as conn:
-                conn.execute("BEGIN")
+                # the settings in BEGIN's round trip: a database's short idle-in-transaction
+                # timeout ended the connection before the next statement came (found in CI:
+                # 1 ms, a fallback); the transaction still stays open, as a pooler must allow
+                service.begin(conn, "BEGIN")
                 row = conn.execute(_WRITABLE).fetchone()
                 conn.execute("ROLLBACK")
         except ServiceError as exc:
