@@ -85,6 +85,17 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
                   " current_setting('lock_timeout'),"
                   " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),"
                   " current_user")
+# Read before anything of the proxy's own can fail on the client's backend: exit_on_error
+# makes every ERROR there FATAL (found: the wrapping's LOCK … NOWAIT, failing behind another
+# session's lock, ended a session that PostgreSQL kept waiting for the lock). It stays off
+# for the rest of the proxy's transaction, whose ROLLBACK restores it.
+GUARD_SETTINGS = ("SELECT current_setting('exit_on_error') = 'on',"
+                  " current_setting('backslash_quote') = 'off',"
+                  " pg_catalog.set_config('exit_on_error', 'off', true)")
+EXIT_ON_ERROR = ("the session's exit_on_error is on: any error of the proxy's own statements "
+                 "would end the session")
+BACKSLASH_QUOTE = ("the session's backslash_quote is off and the query holds \\' (an error in "
+                   "PostgreSQL that the instrumented text, spelled anew, would not raise)")
 NOT_UTF8 = ("the session's client_encoding is not UTF8: the proxy reads the client's SQL and "
             "parameters as UTF-8")
 SERIALIZABLE = ("the session's transactions are SERIALIZABLE: the proxy's REPEATABLE READ "
@@ -355,13 +366,18 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     refused = await s.router.refused(s.dbname)
     if refused is not None:
         raise Fallback(refused)
-    begin = BEGIN_SNAPSHOT if lock is None else (BEGIN_SNAPSHOT[0], lock, BEGIN_SNAPSHOT[1])
+    begin = (BEGIN_SNAPSHOT[0], GUARD_SETTINGS, *(() if lock is None else (lock,)),
+             BEGIN_SNAPSHOT[1])
     payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:
         payload += _probe(sql, types, verify)
     replies = await s.exchange_with_upstream(payload + codec.encode_sync(), 1)
     err = _first_error(replies)
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
+    guards = rows.pop(0).values if rows else None
+    if guards is not None and (guards[0] == b"t" or (guards[1] == b"t" and "\\'" in sql)):
+        await _rollback(s)
+        raise Fallback(EXIT_ON_ERROR if guards[0] == b"t" else BACKSLASH_QUOTE)
     if err is not None or not rows or rows[0].values[0] is None:
         await _rollback(s)
         if any(t == ERROR_RESPONSE and codec.decode_error_fields(m).fields.get("C")

@@ -178,7 +178,7 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
                              tuple(sorted(analysis.collations)))
     oids, names = [0] * len(tables), [("", "")] * len(tables)
     rows = pipelined.fetch(conn, query)
-    for i, relkind, rls, oid, schema, name, persistence, shadowing, _free in rows:
+    for i, relkind, rls, oid, schema, name, persistence, unseen, shadowing, _free in rows:
         if shadowing is not None:
             return Relations(str(shadowing), (), ())
         t = tables[int(i) - 1]
@@ -191,6 +191,10 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
         if persistence == "t":
             return Relations(f"{t.name} is a temporary table: only the client's session "
                              "can read its rows", (), ())
+        if unseen:
+            return Relations(f"{t.name} has a foreign or temporary table among its children "
+                             "or partitions: their rows change unseen, or only the client's "
+                             "session reads them", (), ())
         if int(oid) < FIRST_USER_OID:
             return Relations(f"{t.name} is a system catalog: it takes no audit trigger, so "
                              "every query would capture anew (slower than sending it)", (), ())
@@ -370,9 +374,21 @@ IntervalStyle change: the types of the columns it reads and of its casts (throug
 and an array) are built-in scalars or enums other than dates, times, intervals, ranges and
 composites. Such a query means the same in every session, whatever those settings."""
 
+_UNSEEN_DESCENDANT = (
+    "EXISTS (WITH RECURSIVE d(oid) AS (SELECT h.inhrelid FROM pg_catalog.pg_inherits AS h"
+    " WHERE h.inhparent = c.oid UNION SELECT h.inhrelid FROM pg_catalog.pg_inherits AS h"
+    " JOIN d ON h.inhparent = d.oid) SELECT 1 FROM d JOIN pg_catalog.pg_class AS k"
+    " ON k.oid = d.oid WHERE k.relkind = 'f' OR k.relpersistence = 't')")
+"""Whether a table has a foreign or temporary table among its inheritance children or
+partitions (at any depth). A scan of the table reads them too: a foreign one changes with
+no transaction of this server (no audit row, no commit the freshness check sees), and a
+temporary one is read only by its own session, never by the service connection's capture
+(found: a file_fdw partition's file rewritten, and a client's temporary child, each left
+groups out of a sketch that was used)."""
+
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
-    " c.relpersistence, {shadowing}, " + _SETTINGS_FREE +
+    " c.relpersistence, " + _UNSEEN_DESCENDANT + ", {shadowing}, " + _SETTINGS_FREE +
     " FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = " + _REGCLASS +
     " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
@@ -384,8 +400,9 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
                      operators: tuple[str, ...], types: tuple[str, ...],
                      columns: tuple[tuple[int, str | None], ...],
                      collations: tuple[str, ...] = ()) -> str:
-    """Kind, row-level security, oid, resolved name and persistence of each table (schema,
-    name; in one round trip, in order), with the two checks of the whole query: shadowing
+    """Kind, row-level security, oid, resolved name, persistence and unseen descendants
+    (:data:`_UNSEEN_DESCENDANT`) of each table (schema, name; in one round trip, in order),
+    with the two checks of the whole query: shadowing
     (:data:`_SHADOWING`) and :data:`_SETTINGS_FREE` over ``columns`` ((table position from 1,
     column name or None for all its columns) read) and the casts' ``types``.
 

@@ -110,6 +110,7 @@ _EXACT_TYPES = frozenset({BOOL, INT8, INT2, INT4, TEXT, FLOAT8, VARCHAR, DATE, T
 _MAX_DECIMAL = 38   # Spark's largest decimal precision and scale
 _DATETIMES = frozenset({DATE, TIMESTAMP})
 _C_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+_CODE_POINT_ORDERED = frozenset({"UTF8", "LATIN1"})   # encodings whose bytes sort as code points
 _TEXTS = frozenset({TEXT, VARCHAR})   # the collatable types Spark reads (not char(n))
 
 
@@ -499,10 +500,15 @@ class SparkBackend:
 
     def _c_like(self, conn: psycopg.Connection[Any], reads: Sequence[TableRead]) -> bool:
         """Whether every text value ``reads`` return compares as in C; BackendUnsupported
-        for a nondeterministic collation (see :meth:`_plan`)."""
-        row = conn.execute("SELECT datcollate FROM pg_database"
+        for a nondeterministic collation (see :meth:`_plan`).
+
+        C compares the database encoding's bytes, Spark code points: the same order only in
+        an encoding whose byte order is code point order (found: a WIN1252 database, where
+        ``€`` is 0x80 below ``é`` 0xE9, kept another top-k in Spark)."""
+        row = conn.execute("SELECT datcollate, pg_encoding_to_char(encoding) FROM pg_database"
                            " WHERE datname = current_database()").fetchone()
-        c_database = row is not None and str(row[0]) in _C_COLLATIONS
+        bytewise = row is not None and str(row[1]) in _CODE_POINT_ORDERED
+        c_database = bytewise and row is not None and str(row[0]) in _C_COLLATIONS
         c_like = c_database
         for read in reads:
             for name, deterministic in self._collations(conn, read):

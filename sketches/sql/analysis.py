@@ -62,6 +62,11 @@ _BETWEEN_KINDS = frozenset({
     A_Expr_Kind.AEXPR_BETWEEN, A_Expr_Kind.AEXPR_NOT_BETWEEN, A_Expr_Kind.AEXPR_BETWEEN_SYM,
     A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM,
 })
+_TEXT_SEARCH_OPERATORS = frozenset({"@@", "@@@"})
+"""``text @@ text`` parses both sides under the session's default_text_search_config (which
+PostgreSQL does not report), and a query of stop words only raises a NOTICE for every row
+read: an instrumented query reads fewer rows (found: a sketch captured under english served
+a session on simple, 0 groups instead of 5)."""
 
 ColumnResolver = Callable[[str | None, str], Sequence[str] | None]
 """``(schema as written or None, table) -> its column names``, or None if no such table."""
@@ -413,6 +418,9 @@ class _Analyser:
         if node.kind == A_Expr_Kind.AEXPR_OP and names == ["="] and any(
                 isinstance(side, ast.A_Const) and side.isnull for side in (node.lexpr, node.rexpr)):
             raise UnsupportedQuery("= NULL (IS NULL in a session with transform_null_equals)")
+        if names[-1] in _TEXT_SEARCH_OPERATORS:
+            raise UnsupportedQuery(f"text search operator {names[-1]} (reads "
+                                   "default_text_search_config; a NOTICE per row read)")
         if node.kind in _BETWEEN_KINDS:
             self.operators.update((">=", "<="))
         else:

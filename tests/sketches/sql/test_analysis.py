@@ -113,6 +113,8 @@ def test_distinct_and_star() -> None:
     ("SELECT string_agg(s, ',') FROM t", "function string_agg"),
     ("SELECT g FROM generate_series(1, 3) g", "FROM item"),
     ("SELECT g FROM t ORDER BY g FETCH FIRST 2 ROWS WITH TIES", "WITH TIES"),
+    ("SELECT g, count(*) FROM t WHERE s @@ 'the' GROUP BY g", "text search operator @@"),
+    ("SELECT g, count(*) FROM t WHERE s @@@ 'cat' GROUP BY g", "text search operator @@@"),
 ])
 def test_unsupported_queries_name_a_reason(sql: str, reason: str) -> None:
     with pytest.raises(UnsupportedQuery) as info:
