@@ -39,8 +39,8 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ from bench.maintenance_data import (
 from imp_proxy.embedded import given_or_throwaway as server
 from sketches import lookup
 from sketches.capture import CaptureTarget, capture
+from sketches.ivm import collector
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget, compile
 from sketches.pipelined import PREPARE_WHEN_ASKED
@@ -291,17 +292,9 @@ def measure_once(c: Conn, shape: Shape, prep: Prepared, pipe: Pipeline, delta_ro
     return m, (None if ok else fresh)
 
 
-@contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
+def _collector_paused(pause: bool) -> AbstractContextManager[None]:
     """The automatic garbage collector off inside (when ``pause``), back as it was after."""
-    was = gc.isenabled()
-    if pause:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+    return collector.paused() if pause else nullcontext()
 
 
 NOTHING_COVERED = "1:1:"

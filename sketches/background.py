@@ -225,18 +225,21 @@ class Background(threading.Thread):
             prune(conn, low)
         live: dict[int, list[str]] = {}
         for tmpl, entry in m.entries():
+            pending = None
             with tmpl.lock:
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
                 if entry.dirty and m.settings.persist:
                     if m.worth_saving(conn, entry):
-                        with conn.transaction():
-                            m._save_state(conn, entry)
+                        pending = m.state_to_save(entry)
                     else:  # checked once per move of its version, not every round
                         entry.dirty = False
                 for rel in pipeline.relids:
                     live.setdefault(rel, []).append(pipeline.version)
+            if pending is not None:   # written with the template's queries going on
+                with conn.transaction():
+                    m.write_state(conn, *pending)
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             deleted = incremental.collect_garbage(conn, live, low)

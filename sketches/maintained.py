@@ -25,6 +25,7 @@ from sketches import deltas, incremental
 from sketches.backends.base import BackendError
 from sketches.capture import CaptureTarget
 from sketches.ivm import state as ivm_state
+from sketches.ivm.codec import Json
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken, StateTooLarge
 from sketches.ivm.pipeline import Head, Pipeline
 from sketches.ivm.plan import SketchTarget, state_analysis
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 # Python-level failures of the engine (not database errors, which abort the transaction and
 # propagate to the caller): the sketch is kept exact by recapture instead.
+SAVE_IN_BACKGROUND = 50_000
+"""Groups (or rows) beyond which a new state is persisted by the background thread, not by
+the query that built it (:meth:`IncrementalMaintenance._save_soon`)."""
+
 ENGINE_BUGS = (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
                AssertionError)
 
@@ -218,7 +223,7 @@ class IncrementalMaintenance:
         if shared is not None:
             assert entry.pipeline is not None
             self._apply(entry, shared, entry.pipeline.version or "")
-            self._save_state(conn, entry)
+            self._save_soon(conn, entry)
             return True
         try:
             frags = pipeline.build_state(conn, self._seed(
@@ -242,9 +247,23 @@ class IncrementalMaintenance:
         self._count("captures")
         self._count("state_builds")
         self._apply(entry, frags, pipeline.version or "")
-        self._save_state(conn, entry)
+        self._save_soon(conn, entry)
         self._ensure_background()
         return True
+
+    def _save_soon(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
+        """Persists a new state now, in the query's transaction, or — one of more than
+        :data:`SAVE_IN_BACKGROUND` groups or rows — leaves it to the background thread.
+
+        Why: a large state takes seconds to encode and write (1M groups: about 10 s), which
+        the query that built it waited for. Until it is saved, the state is held back from
+        garbage collection by its entry (the background collects below every live version)
+        and a restart builds it anew."""
+        pipeline = entry.pipeline
+        if pipeline is not None and pipeline.held() > SAVE_IN_BACKGROUND:
+            entry.dirty = True
+            return
+        self._save_state(conn, entry)
 
     def _seed(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
               targets: Sequence[CaptureTarget], params: Sequence[object] | None,
@@ -369,16 +388,31 @@ class IncrementalMaintenance:
 
     def _save_state(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
         """Persists the entry's state in conn's transaction (the caller holds its lock)."""
+        pending = self.state_to_save(entry)
+        if pending is not None:
+            self.write_state(conn, *pending)
+
+    def state_to_save(self, entry: Entry) -> tuple[str, dict[str, Json]] | None:
+        """The entry's key and state to persist (the caller holds its lock), marked saved;
+        None when it is not persisted. :meth:`write_state` writes it, also after the lock is
+        released: encoding and writing a large state takes seconds, during which queries of
+        its template would wait."""
         sid, pipeline = entry.sketch.id, entry.pipeline
         if not self.settings.persist or pipeline is None or sid is None or sid <= 0 \
                 or pipeline.version is None:
-            return
-        stored = incremental.stored_version(conn, str(sid))
-        if stored is not None and not deltas.Snapshot.parse(stored).within(
-                deltas.Snapshot.parse(pipeline.version)):
-            return  # another manager's newer state stays (ours catches up on next use)
-        ivm_state.save(conn, str(sid), pipeline, entry.head)
+            return None
         entry.dirty = False
+        return str(sid), pipeline.snapshot(entry.head)
+
+    def write_state(self, conn: psycopg.Connection[Any], key: str,
+                    snap: dict[str, Json]) -> None:
+        """Writes a state of :meth:`state_to_save` in conn's transaction, unless another
+        manager's newer state is stored (it stays; ours catches up on its next use)."""
+        stored = incremental.stored_version(conn, key)
+        if stored is not None and not deltas.Snapshot.parse(stored).within(
+                deltas.Snapshot.parse(str(snap["version"]))):
+            return
+        ivm_state.write(conn, key, snap)
         self._remember_own_xid(conn)
 
     def worth_saving(self, conn: psycopg.Connection[Any], entry: Entry) -> bool:

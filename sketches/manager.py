@@ -941,7 +941,7 @@ class SketchManager(IncrementalMaintenance):
         entry.sketch = self._store(conn, Sketch(None, template, sql, params, parts, version,
                                                 self.strategy_of(entry)), relations)
         if entry.pipeline is not None:
-            self._save_state(conn, entry)
+            self._save_soon(conn, entry)
             self._ensure_background()  # eager batches, state persistence, GC
         return entry
 

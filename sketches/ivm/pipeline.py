@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 
 from sketches import deltas
-from sketches.ivm import partials
+from sketches.ivm import collector, partials
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import (
     DeltaRaised,
@@ -202,6 +202,9 @@ class Pipeline:
         (the sketch is kept by recapture): the state's memory grows with them, about 0.9 KiB
         per group (found by a helper's search of resource bounds in session 26: 1M groups
         took 1.2 GiB, and nothing stopped 10M)."""
+        self.built_rows = 0
+        """Rows the last :meth:`build_state` read (its queries' results): how large the state
+        is, for a caller deciding whether to persist it at once."""
         self.applied = 0
         """Size of the last ``maintain``'s delta as the operators took it: delta rows, or
         pre-aggregated (group, fragments) changes; at least 1 when any table had delta rows
@@ -273,6 +276,7 @@ class Pipeline:
         if self.max_rows is not None and cur.rowcount > self.max_rows:
             raise StateTooLarge(f"a state of more than {self.max_rows:,} rows (max_state_rows)")
         rows: list[tuple[Any, ...]] = cur.fetchall()
+        self.built_rows += len(rows)
         return rows
 
     def current(self, positions: Sequence[int], extra: Sequence[sql.Composable] = (),
@@ -321,10 +325,16 @@ class Pipeline:
         partial-aggregate queries. A seed of another snapshot or shape is ignored (logged)."""
         if self.heads:
             raise PipelineBroken("a state shared by several sketches is not rebuilt")
+        with collector.paused():
+            return self._build_state(conn, seed)
+
+    def _build_state(self, conn: Conn,
+                     seed: AggregateState | None) -> tuple[frozenset[int], ...]:
         version = deltas.require_snapshot(conn)
         infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
         seed = self._usable_seed(seed, version)
         self._reset()
+        self.built_rows = 0
         self._queries = None
         self._conn = conn
         try:
@@ -820,6 +830,10 @@ class Pipeline:
                    for r in self.relids)
 
     # ---- results and persistence ---------------------------------------------------------
+    def held(self) -> int:
+        """How large the state is: its aggregate's groups, else the rows its build read."""
+        return len(self.aggregate.groups) if self.aggregate is not None else self.built_rows
+
     def sketch(self, head: Head | None = None) -> tuple[frozenset[int], ...]:
         """The sketch of the pipeline's query, or of ``head``'s."""
         return (self.merge if head is None else head.merge).sketch()
@@ -838,11 +852,12 @@ class Pipeline:
         if self.broken or self.version is None:
             raise PipelineBroken("nothing consistent to persist")
         spec = self.spec if head is None else head.spec
-        return {"format": FORMAT, "plan": spec.fingerprint(), "version": self.version,
-                "relids": list(self.relids), "epochs": list(self.epochs),
-                "ops": {k: op.snapshot() for k, op in self._stateful(head).items()},
-                "filters": [[None if f is None else f.snapshot() for f in pair]
-                            for pair in self.filters]}
+        with collector.paused():
+            return {"format": FORMAT, "plan": spec.fingerprint(), "version": self.version,
+                    "relids": list(self.relids), "epochs": list(self.epochs),
+                    "ops": {k: op.snapshot() for k, op in self._stateful(head).items()},
+                    "filters": [[None if f is None else f.snapshot() for f in pair]
+                                for pair in self.filters]}
 
     def restore(self, state: dict[str, Json]) -> None:
         """Replaces the state by ``state`` (of this pipeline's own query); refused while
@@ -854,8 +869,9 @@ class Pipeline:
         ops = self._stateful()
         if set(ops) != set(state["ops"]):
             raise StateFormatError("persisted state has other operators")
-        for k, op in ops.items():
-            op.restore(state["ops"][k])
+        with collector.paused():
+            for k, op in ops.items():
+                op.restore(state["ops"][k])
         filters = state.get("filters") or [[None, None] for _ in self.spec.joins]
         if len(filters) != len(self.spec.joins):
             raise StateFormatError("persisted join filters do not match the plan")

@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from sketches.ivm import collector
+from sketches.ivm.codec import Json
 from sketches.ivm.errors import StateFormatError
 from sketches.ivm.pipeline import Head, Pipeline
 
@@ -26,27 +28,38 @@ def save(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline,
          head: Head | None = None) -> None:
     """Upserts the pipeline's state under ``key`` (e.g. the sketch id or template+params):
     that of its own query, or of ``head``'s (:meth:`Pipeline.snapshot`)."""
-    snap = pipeline.snapshot(head)
-    conn.execute(
-        "INSERT INTO imp.ivm_state (sketch_key, version, epochs, state)"
-        " VALUES (%s, %s::pg_snapshot, %s, %s)"
-        " ON CONFLICT (sketch_key) DO UPDATE SET version = EXCLUDED.version,"
-        " epochs = EXCLUDED.epochs, state = EXCLUDED.state, updated_at = now()",
-        (key, snap["version"], Jsonb(dict(zip(map(str, snap["relids"]), snap["epochs"],
-                                               strict=True))), Jsonb(snap)))
-    log.debug("saved state %s at %s (%d bytes)", key, snap["version"], len(json.dumps(snap)))
+    write(conn, key, pipeline.snapshot(head))
+
+
+def write(conn: psycopg.Connection[Any], key: str, snap: dict[str, Json]) -> None:
+    """Upserts ``snap`` (a :meth:`Pipeline.snapshot`) under ``key``. Apart from :func:`save`
+    so that a caller can take the snapshot under its lock and write it after."""
+    relids, epochs = snap["relids"], snap["epochs"]
+    assert isinstance(relids, list) and isinstance(epochs, list)
+    with collector.paused():
+        conn.execute(
+            "INSERT INTO imp.ivm_state (sketch_key, version, epochs, state)"
+            " VALUES (%s, %s::pg_snapshot, %s, %s)"
+            " ON CONFLICT (sketch_key) DO UPDATE SET version = EXCLUDED.version,"
+            " epochs = EXCLUDED.epochs, state = EXCLUDED.state, updated_at = now()",
+            (key, snap["version"], Jsonb(dict(zip(map(str, relids), epochs, strict=True))),
+             Jsonb(snap)))
+    if log.isEnabledFor(logging.DEBUG):   # the whole state encoded again: seconds when large
+        log.debug("saved state %s at %s (%d bytes)", key, snap["version"],
+                  len(json.dumps(snap)))
 
 
 def load(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> bool:
     """Restores ``pipeline`` from the row ``key``; False if there is none. Raises
     :class:`StateFormatError` if the row belongs to another plan (the caller recaptures)."""
-    row = conn.execute("SELECT state FROM imp.ivm_state WHERE sketch_key = %s",
-                       (key,)).fetchone()
-    if row is None:
-        return False
-    if not isinstance(row[0], dict):
-        raise StateFormatError(f"state {key} is not a JSON object")
-    pipeline.restore(row[0])
+    with collector.paused():
+        row = conn.execute("SELECT state FROM imp.ivm_state WHERE sketch_key = %s",
+                           (key,)).fetchone()
+        if row is None:
+            return False
+        if not isinstance(row[0], dict):
+            raise StateFormatError(f"state {key} is not a JSON object")
+        pipeline.restore(row[0])
     return True
 
 
