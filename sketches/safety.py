@@ -142,6 +142,10 @@ def _keys(analysis: QueryAnalysis) -> tuple[str, tuple[ColumnRef, ...], str]:
     if analysis.is_aggregate:
         if not analysis.group_by:
             return "group-by", (), "scalar aggregate without GROUP BY"
+        if analysis.distinct and analysis.limit is not None:
+            # DISTINCT merges groups: the top k distinct rows may need a group of any
+            # fragment (found: a capture kept the k rows of one value tied across fragments)
+            return "group-by", (), "DISTINCT over groups with LIMIT"
         keys = tuple(e.column for e in analysis.group_by if e.column is not None)
         return "group-by", keys, "no GROUP BY expression is a plain column"
     if analysis.distinct:

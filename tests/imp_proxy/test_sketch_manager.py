@@ -394,6 +394,27 @@ def test_a_table_with_children_no_capture_can_read_passes_through(
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.parametrize("q", [
+    "SELECT DISTINCT count(*) FROM dt2 GROUP BY g ORDER BY 1 LIMIT 2",
+    "SELECT DISTINCT max(v) FROM dt2 GROUP BY g ORDER BY 1 LIMIT 2",
+    "SELECT DISTINCT count(*) FROM dt2 GROUP BY g HAVING count(*) > 0 ORDER BY 1 LIMIT 2"])
+def test_distinct_over_groups_with_a_limit_gets_postgresqls_rows(ldsn: str, db_dsn: str,
+                                                                 q: str) -> None:
+    """DISTINCT merges groups, so the top k distinct rows may need a group from any
+    fragment: the capture kept the first k (value, fragment) rows, all of one value tied
+    across fragments (found: ``[(1,)]`` instead of ``[(1,), (2,)]``). Passed through."""
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute("CREATE TABLE IF NOT EXISTS dt2 (g int, h int, v int)")
+        if d.execute("SELECT count(*) FROM dt2").fetchone() == (0,):
+            d.execute("INSERT INTO dt2 VALUES (1,1,1),(2,1,1),(3,2,3),(3,2,3),(4,2,2),"
+                      "(4,1,2),(4,1,2)")
+            d.execute("ANALYZE dt2")
+        for _ in range(3):
+            _same_rows_as(c, d, q)
+        assert len(d.execute(q).fetchall()) == 2
+
+
 def _same_rows_as(proxied: psycopg.Connection[Any], direct: psycopg.Connection[Any], q: str,
                   args: tuple[object, ...] | None = None) -> None:
     assert proxied.execute(q, args).fetchall() == direct.execute(q, args).fetchall()

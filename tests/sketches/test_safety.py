@@ -55,6 +55,8 @@ def test_aggregate_arguments_and_where_columns_are_not_safe() -> None:
     ("SELECT g FROM t LIMIT 3", "LIMIT without ORDER BY"),
     ("SELECT g FROM t ORDER BY g + 1 LIMIT 3", "not a column"),
     ("SELECT DISTINCT * FROM t", "DISTINCT over *"),
+    ("SELECT DISTINCT count(*) FROM t GROUP BY g ORDER BY 1 LIMIT 2",
+     "DISTINCT over groups with LIMIT"),
 ])
 def test_not_sketchable(sql: str, reason: str) -> None:
     a = analyse(sql, lambda s, t: COLUMNS.get(t))
