@@ -140,6 +140,7 @@ class Background(threading.Thread):
         if install is not None:
             install(self._connection())
         self.track()
+        self.build()
         m = self.manager
         for tmpl, entry in m.entries():
             if entry.pipeline is not None and m.strategy_of(entry) == "eager":
@@ -162,6 +163,19 @@ class Background(threading.Thread):
                 log.info("tracking %s postponed: %s", rel, exc)
                 with self.manager._lock:
                     self.manager._to_track.setdefault(rel, session)
+
+    def build(self) -> None:
+        """The state builds queries queued (``IncrementalMaintenance.build_queued``), each
+        entry's flag cleared whatever happens, so that a failed build is queued again by
+        the entry's next query."""
+        while not self._stopping.is_set():
+            queued = self.manager.take_build()
+            if queued is None:
+                return
+            try:
+                self.manager.build_queued(self._connection(), *queued)
+            finally:
+                queued[1].building = False
 
     def maybe_maintain(self, tmpl: _Template, entry: _Entry) -> None:
         m = self.manager

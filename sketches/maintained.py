@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from sketches import deltas, incremental
+from sketches import deltas, incremental, lookup
 from sketches.backends.base import BackendError
 from sketches.capture import CaptureTarget
+from sketches.errors import CaptureError
 from sketches.ivm import state as ivm_state
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken, StateTooLarge
@@ -42,6 +43,11 @@ log = logging.getLogger(__name__)
 
 # Python-level failures of the engine (not database errors, which abort the transaction and
 # propagate to the caller): the sketch is kept exact by recapture instead.
+BUILD_IN_BACKGROUND = 200_000
+"""Rows of a query's tables (``pg_class.reltuples``, summed) beyond which its state is built
+by the background thread, not by the query that needs it
+(:meth:`IncrementalMaintenance._build_later`)."""
+
 SAVE_IN_BACKGROUND = 50_000
 """Groups (or rows) beyond which a new state is persisted by the background thread, not by
 the query that built it (:meth:`IncrementalMaintenance._save_soon`)."""
@@ -77,6 +83,9 @@ class Entry:
     ivm_off: str | None = None
     """Why the sketch is not maintained incrementally (then: recapture on change)."""
     dirty: bool = False
+    building: bool = False
+    """A build of its state is queued for, or running in, the background thread (its
+    queries are answered by recapture meanwhile: :meth:`IncrementalMaintenance._build_later`)."""
     last_maintained: float = field(default_factory=time.monotonic)
     reusable_for: dict[int, tuple[Any, bool]] = field(default_factory=dict)
     """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
@@ -143,6 +152,7 @@ class IncrementalMaintenance:
     _templates: dict[str, Template]
     _conninfo: dict[str, Any] | None
     _to_track: dict[str, incremental.SessionSettings]
+    _to_build: list[tuple[Template, Entry, Pipeline]]
     _background: Any
     _seconds: defaultdict[str, float]
 
@@ -179,6 +189,8 @@ class IncrementalMaintenance:
         if self.strategy_of(entry) not in ("lazy", "eager"):
             return self.maintenance.refresh(conn, entry.sketch, request)
         if entry.pipeline is None and not self._attach(conn, entry, tmpl):
+            if entry.building:
+                return self._recapture_in_place(conn, entry, request)
             return self.maintenance.refresh(conn, entry.sketch, request)
         if self._background is None:  # it gave up earlier (database unreachable)
             self._ensure_background()
@@ -194,6 +206,8 @@ class IncrementalMaintenance:
         Why share here too: the sketches a template gets before its tables are tracked are
         captured plainly, and each would build a state of its own at its first maintenance."""
         sketch = entry.sketch
+        if entry.building:
+            return False
         try:
             if entry.analysis is None:
                 raise NotMaintainable("the sketch's query could not be analysed")
@@ -225,6 +239,8 @@ class IncrementalMaintenance:
             self._apply(entry, shared, entry.pipeline.version or "")
             self._save_soon(conn, entry)
             return True
+        if tmpl is not None and self._build_later(conn, tmpl, entry, pipeline):
+            return False
         try:
             frags = pipeline.build_state(conn, self._seed(
                 conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
@@ -250,6 +266,106 @@ class IncrementalMaintenance:
         self._save_soon(conn, entry)
         self._ensure_background()
         return True
+
+    def _build_later(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
+                     pipeline: Pipeline) -> bool:
+        """Queues the build of ``entry``'s state (``pipeline``, compiled for it) for the
+        background thread when its tables hold more than :data:`BUILD_IN_BACKGROUND` rows;
+        True if queued. Why: a state build reads the whole query grouped per fragment and
+        makes a few objects per group — 1M groups took 14 s, which the query that needed
+        the state waited for (found: the first maintained query of a 1M-row table took 22 s,
+        a recapture 1.5 s). Meanwhile its queries are answered by recapture."""
+        row = conn.execute("SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8"
+                           " FROM pg_catalog.pg_class AS c WHERE c.oid = ANY(%s::oid[])",
+                           (list(entry.relations),)).fetchone()
+        if row is None or float(row[0]) <= BUILD_IN_BACKGROUND:
+            return False
+        entry.building = True
+        with self._lock:
+            self._to_build.append((tmpl, entry, pipeline))
+        self._count("state_builds_queued")
+        self._ensure_background()
+        return True
+
+    def _recapture_in_place(self, conn: psycopg.Connection[Any], entry: Entry,
+                            request: MaintenanceRequest) -> Sketch | None:
+        """The sketch of an entry whose state is being built, kept or captured anew in
+        conn's snapshot into the same entry (None: the capture failed; the entry goes).
+
+        Why not a new entry, as a recapture otherwise makes: the queued build belongs to this
+        one, and each write made another entry whose build was then queued too (found: a
+        build of 14 s queued after every write, each thrown away)."""
+        sketch = entry.sketch
+        kept = self.maintenance.refresh(conn, sketch, request)
+        if kept is not None or entry.analysis is None:
+            return kept
+        try:
+            result = self.backend.capture(conn, sketch.query, entry.analysis,
+                                          capture_targets(sketch), sketch.params)
+        except CaptureError as exc:
+            log.info("sketch %s: recapture failed (%s)", sketch.id, exc)
+            return None
+        entry.captures += 1
+        self._count("captures")
+        parts = tuple(dataclasses.replace(p, fragments=r.fragments)
+                      for p, r in zip(sketch.parts, result.parts, strict=True))
+        return sketch.with_state(parts, result.version)
+
+    def take_build(self) -> tuple[Template, Entry, Pipeline] | None:
+        """The oldest queued state build (:meth:`_build_later`), for the background thread."""
+        with self._lock:
+            return self._to_build.pop(0) if self._to_build else None
+
+    def build_queued(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
+                     pipeline: Pipeline) -> None:
+        """Builds a queued state on the background thread's connection (autocommit), in a
+        REPEATABLE READ transaction of its own under the query's session settings, without
+        the template's lock; then gives it to the entry under the lock, if the entry still
+        wants it: still held, without a pipeline, maintained incrementally and on the same
+        targets. The sketch is left as it is: the next query maintains the state from its
+        version to the query's snapshot and takes the state's sketch then. The names are
+        checked first in this snapshot, as eager maintenance does (the build evaluates the
+        query's expressions as the service role)."""
+        sketch, analysis, session = entry.sketch, entry.analysis, entry.session
+        if analysis is None or session is None or sketch.id is None:
+            return
+        targets = capture_targets(sketch)
+        started = time.perf_counter()
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            session.apply(conn)
+            refused = lookup.relations(conn, analysis).reason
+            if refused is not None or not incremental.tracked(conn, pipeline):
+                log.info("sketch %s: no state built (%s)", sketch.id, refused or "not tracked")
+                return
+            try:
+                frags = pipeline.build_state(conn, self._seed(conn, analysis, targets,
+                                                              sketch.params, pipeline))
+            except NotMaintainable as exc:
+                with tmpl.lock:
+                    self._note_too_large(tmpl, exc)
+                    entry.ivm_off = str(exc)
+                return
+            except deltas.RoundedFloats:
+                return
+            except ENGINE_BUGS as exc:
+                with tmpl.lock:
+                    self._engine_bug(entry, exc)
+                return
+            if self._cross_check(conn, entry, sketch.query, analysis, list(targets),
+                                 sketch.params, frags) is None:
+                return
+        with tmpl.lock:
+            if entry not in tmpl.entries or entry.pipeline is not None \
+                    or entry.ivm_off is not None or capture_targets(entry.sketch) != targets:
+                return
+            entry.pipeline = pipeline
+            entry.captures += 1
+            entry.dirty = True   # saved by the background's next persistence round
+            self._seconds["capture_seconds"] += time.perf_counter() - started
+            self._count("captures")
+            self._count("state_builds")
+        log.info("sketch %s: state built in the background at %s", sketch.id, pipeline.version)
 
     def _save_soon(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
         """Persists a new state now, in the query's transaction, or — one of more than

@@ -58,6 +58,7 @@ from sketches.errors import (
 from sketches.instrument import instrument
 from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget
 from sketches.maintained import ENGINE_BUGS, IncrementalMaintenance
 from sketches.maintained import Entry as _Entry
@@ -219,6 +220,7 @@ class SketchManager(IncrementalMaintenance):
         self._custom = maintenance is not None  # a hook given by the caller decides alone
         self._conninfo: dict[str, Any] | None = None
         self._to_track: dict[str, incremental.SessionSettings] = {}
+        self._to_build: list[tuple[_Template, _Entry, Pipeline]] = []
         self._background: Any = None  # sketches.background.Background, started on demand
         self._seconds: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -903,6 +905,9 @@ class SketchManager(IncrementalMaintenance):
             frags = self._share(conn, tmpl, entry, pipeline)
             if frags is not None:
                 pipeline = entry.pipeline
+        if pipeline is not None and frags is None and incremental.tracked(conn, pipeline) \
+                and self._build_later(conn, tmpl, entry, pipeline):
+            pipeline = None   # captured plainly now, its state built in the background
         if pipeline is not None and frags is None and incremental.tracked(conn, pipeline):
             try:
                 frags = pipeline.build_state(

@@ -873,8 +873,10 @@ def test_a_large_new_state_is_saved_by_the_background_not_the_query(
     monkeypatch.setattr(maintained, "SAVE_IN_BACKGROUND", 3)
     m = SketchManager(SketchSettings(fragments=10, strategy="lazy", state_interval=3600.0))
     try:
+        m.drop_all(conn)   # the module's earlier tests left sketches and states: anew here
         sql, params = QUERIES[0]
         first = check(m, conn, sql, params)
+        assert first.decision == "capture"
         conn.execute("INSERT INTO f VALUES (500005, 3, 49, 96)")
         for _ in range(2):
             assert check(m, conn, sql, params).decision == "use"
@@ -887,8 +889,52 @@ def test_a_large_new_state_is_saved_by_the_background_not_the_query(
         conn.execute("DELETE FROM f WHERE id = 500005")
         assert check(m, conn, sql, params).decision == "use"
     finally:
+        m.drop_all(conn)   # its persisted state would hold back later tests' collection
         m.close()
         conn.execute("DELETE FROM f WHERE id = 500005")
+
+
+def test_a_state_of_large_tables_is_built_by_the_background(
+        conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query whose tables hold more than BUILD_IN_BACKGROUND rows does not build its state
+    itself (found: the first maintained query of a 1M-row table waited 22 s where a
+    recapture takes 1.5 s): it is captured plainly, the background thread builds the state,
+    and until then a write makes the next query recapture into the same sketch (not a new
+    one, whose build would be queued again); afterwards queries maintain it."""
+    monkeypatch.setattr(maintained, "BUILD_IN_BACKGROUND", 100)
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    release = threading.Event()
+    real = maintained.IncrementalMaintenance.build_queued
+
+    def held_back(self: Any, *args: Any) -> None:
+        release.wait(30)
+        real(self, *args)
+
+    monkeypatch.setattr(maintained.IncrementalMaintenance, "build_queued", held_back)
+    try:
+        m.drop_all(conn)   # the module's earlier tests left sketches and states: anew here
+        sql, params = QUERIES[0]
+        first = check(m, conn, sql, params)
+        assert first.decision == "capture" and m.stats()["state_builds_queued"] == 1
+        conn.execute("INSERT INTO f VALUES (500006, 3, 49, 96)")
+        second = check(m, conn, sql, params)
+        assert second.sketch_id == first.sketch_id
+        assert entry_of(m, first.sketch_id)["captures"] == 2   # recaptured in place
+        assert m.stats()["state_builds_queued"] == 1 and "state_builds" not in m.stats()
+        release.set()
+        wait_for(lambda: m.stats().get("state_builds", 0) == 1)
+        maintained_before = m.stats().get("maintenances", 0)
+        conn.execute("UPDATE f SET g = 7 WHERE id = 11")
+        conn.execute("DELETE FROM f WHERE id = 500006")
+        third = check(m, conn, sql, params)
+        assert third.decision == "use" and third.sketch_id == first.sketch_id
+        assert m.stats()["maintenances"] > maintained_before
+        assert entry_of(m, first.sketch_id)["captures"] == 3   # the background's build
+    finally:
+        release.set()
+        m.drop_all(conn)
+        m.close()
+        reset(conn)
 
 
 def collected_by(other: SketchManager, conn: Conn, g: int, w: int,
