@@ -100,13 +100,20 @@ def test_topk_rows_ordered_by_text_follow_the_collation_check(
     conn.execute("INSERT INTO tr (s, v) SELECT CASE WHEN i < 5 THEN 'Z' WHEN i % 2 = 0"
                  " THEN 'a' ELSE 'b' END, i FROM generate_series(0, 204) i")
     conn.execute("ANALYZE tr")
-    text = "SELECT tr.s, tr.v FROM tr ORDER BY tr.s, tr.v LIMIT 3"
+    agrees_or_refuses_the_collation(conn, spark_backend,
+                                    "SELECT tr.s, tr.v FROM tr ORDER BY tr.s, tr.v LIMIT 3",
+                                    spark, fragments=2)
+
+
+def agrees_or_refuses_the_collation(conn: psycopg.Connection[Any], spark_backend: SparkBackend,
+                                    text: str, spark: bool, fragments: int) -> None:
+    """Spark's capture of ``text`` is PostgreSQL's (``spark``), or refused for the collation."""
     if spark:
-        expected, got = both(conn, spark_backend, text, fragments=2)
+        expected, got = both(conn, spark_backend, text, fragments=fragments)
         assert fragments_of(got) == fragments_of(expected)
     else:
         with pytest.raises(BackendUnsupported, match="collation"):
-            spark_capture(conn, spark_backend, text, fragments=2)
+            spark_capture(conn, spark_backend, text, fragments=fragments)
 
 
 @pytest.mark.parametrize(("encoding", "spark"), [("WIN1252", False), ("LATIN1", True),
@@ -131,13 +138,10 @@ def test_text_order_in_a_c_database_follows_its_encoding(
             conn.execute(f"INSERT INTO sw (k, v) SELECT ({letters})[1 + i % 4] || (i % 7),"
                          " i FROM generate_series(0, 399) i ORDER BY i % 4")
             conn.execute("ANALYZE sw")
-            text = "SELECT sw.k, count(*) FROM sw GROUP BY sw.k ORDER BY sw.k DESC LIMIT 3"
-            if spark:
-                expected, got = both(conn, spark_backend, text, fragments=4)
-                assert fragments_of(got) == fragments_of(expected)
-            else:
-                with pytest.raises(BackendUnsupported, match="collation"):
-                    spark_capture(conn, spark_backend, text, fragments=4)
+            agrees_or_refuses_the_collation(
+                conn, spark_backend,
+                "SELECT sw.k, count(*) FROM sw GROUP BY sw.k ORDER BY sw.k DESC LIMIT 3",
+                spark, fragments=4)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
