@@ -88,10 +88,12 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
 # Read before anything of the proxy's own can fail on the client's backend: exit_on_error
 # makes every ERROR there FATAL (found: the wrapping's LOCK … NOWAIT, failing behind another
 # session's lock, ended a session that PostgreSQL kept waiting for the lock). It stays off
-# for the rest of the proxy's transaction, whose ROLLBACK restores it.
-GUARD_SETTINGS = ("SELECT current_setting('exit_on_error') = 'on',"
-                  " current_setting('backslash_quote') = 'off',"
-                  " pg_catalog.set_config('exit_on_error', 'off', true)")
+# for the rest of the proxy's transaction, whose ROLLBACK restores it. Qualified: the client's
+# search_path could resolve a name to a function of its own (found by a regression search).
+GUARD_SETTINGS = ("SELECT pg_catalog.current_setting('exit_on_error')"
+                  " OPERATOR(pg_catalog.=) 'on', pg_catalog.current_setting('backslash_quote')"
+                  " OPERATOR(pg_catalog.=) 'off', pg_catalog.set_config('exit_on_error', 'off',"
+                  " true)")
 EXIT_ON_ERROR = ("the session's exit_on_error is on: any error of the proxy's own statements "
                  "would end the session")
 BACKSLASH_QUOTE = ("the session's backslash_quote is off and the query holds \\' (an error in "
@@ -690,15 +692,19 @@ def _as_client(sql: str, params: tuple[bytes, ...] = (), in_transaction: bool = 
     ``IMP EXPLAIN`` of a table the role may not read). ``in_transaction``: inside the
     client's transaction block, the check runs in a savepoint, rolled back to after it: a
     failing check left the client's transaction aborted behind an IMP statement that answered
-    (found by a helper's search)."""
-    before, after = (_own(_CHECK_SAVEPOINT), _own(*_CHECK_UNDO)) if in_transaction \
-        else (b"", b"")
+    (found by a helper's search). Before the check, exit_on_error goes off until the Sync (or
+    the rollback to the savepoint): a failing check ended such a session (found by a
+    regression search: an ``IMP EXPLAIN`` of a misspelt column)."""
+    before, after = (_own(_CHECK_SAVEPOINT, _EXIT_ON_ERROR_OFF), _own(*_CHECK_UNDO)) \
+        if in_transaction else (_own(_EXIT_ON_ERROR_OFF), b"")
     return (before + codec.encode_close("S", CHECK_STATEMENT)
             + _once(CHECK_STATEMENT, sql, params) + codec.encode_sync()
             + after + codec.encode_close("S", CHECK_STATEMENT) + codec.encode_sync())
 
 
 _CHECK_SAVEPOINT = "SAVEPOINT _imp_check"
+_EXIT_ON_ERROR_OFF = ("SELECT 1 WHERE pg_catalog.set_config('exit_on_error', 'off', true)"
+                      " IS NULL")   # no row: the callers read the check's rows only
 _CHECK_UNDO = ("ROLLBACK TO SAVEPOINT _imp_check", "RELEASE SAVEPOINT _imp_check")
 
 

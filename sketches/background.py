@@ -32,7 +32,7 @@ import psycopg
 
 from sketches import deltas, incremental, lookup, pipelined
 from sketches.ivm.errors import IvmError
-from sketches.maintained import ENGINE_BUGS
+from sketches.maintained import ENGINE_BUGS, SAVE_BACKOFF
 from sketches.service import ServiceConnection
 
 if TYPE_CHECKING:
@@ -240,11 +240,13 @@ class Background(threading.Thread):
         live: dict[int, list[str]] = {}
         for tmpl, entry in m.entries():
             pending = None
+            due = time.monotonic() - entry.saved_at >= SAVE_BACKOFF * entry.save_seconds
+            started = time.perf_counter()
             with tmpl.lock:
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
-                if entry.dirty and m.settings.persist:
+                if entry.dirty and m.settings.persist and due:
                     if m.worth_saving(conn, entry):
                         pending = m.state_to_save(entry)
                     else:  # checked once per move of its version, not every round
@@ -254,6 +256,8 @@ class Background(threading.Thread):
             if pending is not None:   # written with the template's queries going on
                 with conn.transaction():
                     m.write_state(conn, *pending)
+                entry.save_seconds = time.perf_counter() - started
+                entry.saved_at = time.monotonic()
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             deleted = incremental.collect_garbage(conn, live, low)

@@ -48,6 +48,21 @@ BUILD_IN_BACKGROUND = 200_000
 by the background thread, not by the query that needs it
 (:meth:`IncrementalMaintenance._build_later`)."""
 
+_ROWS_UNDER = (
+    "WITH RECURSIVE d(oid) AS (SELECT unnest(%s::oid[]) UNION SELECT h.inhrelid"
+    " FROM pg_catalog.pg_inherits AS h JOIN d ON h.inhparent = d.oid)"
+    " SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8"
+    " FROM d JOIN pg_catalog.pg_class AS c ON c.oid = d.oid")
+"""The rows of some tables with their inheritance children and partitions (a partitioned
+table's own ``reltuples`` is -1)."""
+
+SAVE_BACKOFF = 10
+"""A state is saved by the background at most once per this many times its last save's
+duration (besides ``state_interval``). Why: the state is copied under its template's lock,
+and a 1M-group state took 3–8 s to copy; saved every ``state_interval`` (10 s) under writes,
+its queries waited about half the time. Only a restart needs the saved state: the
+garbage collection is bounded by the versions in memory too."""
+
 SAVE_IN_BACKGROUND = 50_000
 """Groups (or rows) beyond which a new state is persisted by the background thread, not by
 the query that built it (:meth:`IncrementalMaintenance._save_soon`)."""
@@ -83,6 +98,10 @@ class Entry:
     ivm_off: str | None = None
     """Why the sketch is not maintained incrementally (then: recapture on change)."""
     dirty: bool = False
+    save_seconds: float = 0.0
+    """How long the background's last save of its state took, and when it ended
+    (``time.monotonic()``): the next one waits ``SAVE_BACKOFF`` times that long."""
+    saved_at: float = 0.0
     building: bool = False
     """A build of its state is queued for, or running in, the background thread (its
     queries are answered by recapture meanwhile: :meth:`IncrementalMaintenance._build_later`)."""
@@ -275,9 +294,7 @@ class IncrementalMaintenance:
         makes a few objects per group — 1M groups took 14 s, which the query that needed
         the state waited for (found: the first maintained query of a 1M-row table took 22 s,
         a recapture 1.5 s). Meanwhile its queries are answered by recapture."""
-        row = conn.execute("SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8"
-                           " FROM pg_catalog.pg_class AS c WHERE c.oid = ANY(%s::oid[])",
-                           (list(entry.relations),)).fetchone()
+        row = conn.execute(_ROWS_UNDER, (list(entry.relations),)).fetchone()
         if row is None or float(row[0]) <= BUILD_IN_BACKGROUND:
             return False
         entry.building = True
@@ -320,15 +337,18 @@ class IncrementalMaintenance:
                      pipeline: Pipeline) -> None:
         """Builds a queued state on the background thread's connection (autocommit), in a
         REPEATABLE READ transaction of its own under the query's session settings, without
-        the template's lock; then gives it to the entry under the lock, if the entry still
-        wants it: still held, without a pipeline, maintained incrementally and on the same
-        targets. The sketch is left as it is: the next query maintains the state from its
-        version to the query's snapshot and takes the state's sketch then. The names are
-        checked first in this snapshot, as eager maintenance does (the build evaluates the
-        query's expressions as the service role)."""
+        the template's lock, and saves it (no query can use it yet, so no lock is needed:
+        one taken to copy a 1M-group state made the template's queries wait for seconds);
+        then gives it to the entry under the lock, if the entry still wants it: still held,
+        without a pipeline, maintained incrementally and on the same targets (else the
+        saved state is deleted again). The sketch is left as it is: the next query
+        maintains the state from its version to the query's snapshot and takes the state's
+        sketch then. The names are checked first in this snapshot, as eager maintenance does
+        (the build evaluates the query's expressions as the service role)."""
         sketch, analysis, session = entry.sketch, entry.analysis, entry.session
-        if analysis is None or session is None or sketch.id is None:
-            return
+        if analysis is None or session is None or sketch.id is None \
+                or entry not in tmpl.entries or entry.ivm_off is not None:
+            return   # dropped, evicted or recaptured since it was queued
         targets = capture_targets(sketch)
         started = time.perf_counter()
         with conn.transaction():
@@ -355,16 +375,26 @@ class IncrementalMaintenance:
             if self._cross_check(conn, entry, sketch.query, analysis, list(targets),
                                  sketch.params, frags) is None:
                 return
+        built = time.perf_counter() - started
+        saving = time.perf_counter()
+        if self.settings.persist and sketch.id > 0:   # before anyone else can touch it
+            with conn.transaction():
+                self.write_state(conn, str(sketch.id), pipeline.snapshot())
+        saved = time.perf_counter() - saving
         with tmpl.lock:
-            if entry not in tmpl.entries or entry.pipeline is not None \
-                    or entry.ivm_off is not None or capture_targets(entry.sketch) != targets:
-                return
-            entry.pipeline = pipeline
-            entry.captures += 1
-            entry.dirty = True   # saved by the background's next persistence round
-            self._seconds["capture_seconds"] += time.perf_counter() - started
-            self._count("captures")
-            self._count("state_builds")
+            wanted = entry in tmpl.entries and entry.pipeline is None \
+                and entry.ivm_off is None and capture_targets(entry.sketch) == targets
+            if wanted:
+                entry.pipeline = pipeline
+                entry.captures += 1
+                entry.save_seconds, entry.saved_at = saved, time.monotonic()
+                self._seconds["capture_seconds"] += built
+                self._count("captures")
+                self._count("state_builds")
+        if not wanted:   # its saved state would hold the garbage collection back
+            if self.settings.persist and sketch.id > 0:
+                ivm_state.delete(conn, str(sketch.id), pipeline.version)
+            return
         log.info("sketch %s: state built in the background at %s", sketch.id, pipeline.version)
 
     def _save_soon(self, conn: psycopg.Connection[Any], entry: Entry) -> None:

@@ -63,8 +63,13 @@ def load(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> bool:
     return True
 
 
-def delete(conn: psycopg.Connection[Any], key: str) -> bool:
-    cur = conn.execute("DELETE FROM imp.ivm_state WHERE sketch_key = %s", (key,))
+def delete(conn: psycopg.Connection[Any], key: str, version: str | None = None) -> bool:
+    """Deletes the state ``key`` (only at ``version``, when given); True if there was one."""
+    if version is None:
+        cur = conn.execute("DELETE FROM imp.ivm_state WHERE sketch_key = %s", (key,))
+    else:
+        cur = conn.execute("DELETE FROM imp.ivm_state WHERE sketch_key = %s"
+                           " AND version::text = %s", (key, version))
     return cur.rowcount > 0
 
 

@@ -293,6 +293,47 @@ def test_an_exit_on_error_session_waits_for_a_lock_as_postgresql_does(ldsn: str,
     assert locked_run(ldsn) == locked_run(db_dsn)
 
 
+def test_a_failing_check_of_an_imp_statement_keeps_an_exit_on_error_session(ldsn: str) -> None:
+    """``IMP EXPLAIN`` first runs a plain EXPLAIN of the query as the client; with
+    exit_on_error on, its failure (a misspelt column) was FATAL and closed the session
+    (found by a regression search). The proxy's checks run with exit_on_error off until
+    their Sync (or, in a transaction block, the rollback to their savepoint): the same
+    answer as with it off, and the setting back afterwards."""
+    q = "IMP EXPLAIN SELECT g, sum(nosuch) FROM sm GROUP BY g HAVING sum(v) > 1"
+    answers = []
+    for setting in ("off", "on"):
+        with psycopg.connect(ldsn, autocommit=True) as c:
+            c.execute(f"SET exit_on_error = {setting}")
+            answers.append(dict(c.execute(q).fetchall()))
+            assert c.execute("SHOW exit_on_error").fetchone() == (setting,)
+            c.execute("BEGIN")   # a check in the client's block: in a savepoint
+            assert c.execute("IMP SHOW SKETCHES").fetchall() is not None
+            assert c.execute("SHOW exit_on_error").fetchone() == (setting,)
+            c.execute("COMMIT")
+            assert c.execute("SELECT 1").fetchone() == (1,)
+    assert answers[0] == answers[1] and "nosuch" in str(answers[1]["reason"]), answers
+
+
+def test_an_exit_on_error_session_with_its_own_current_setting_gets_its_rows(
+        ldsn: str, db_dsn: str) -> None:
+    """The wrapping's first statement, which turns exit_on_error off, called
+    ``current_setting`` unqualified: a session whose search_path put a schema with a raising
+    ``current_setting(text)`` before pg_catalog ended there (found by a regression search;
+    PostgreSQL answers, the query calls no such function). Every name in it is qualified."""
+    with psycopg.connect(db_dsn, autocommit=True) as d:
+        d.execute("CREATE SCHEMA IF NOT EXISTS shadow")
+        d.execute("CREATE OR REPLACE FUNCTION shadow.current_setting(text) RETURNS text"
+                  " LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'app setting %', $1; END$$")
+    with psycopg.connect(ldsn, autocommit=True) as c, \
+            psycopg.connect(db_dsn, autocommit=True) as d:
+        for conn in (c, d):
+            conn.execute("SET search_path = shadow, pg_catalog, public")
+            conn.execute("SET exit_on_error = on")
+        for _ in range(3):
+            _same_rows_as(c, d, HAVING)
+        assert c.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_an_escaped_quote_refused_by_backslash_quote_is_refused_through_the_proxy(
         ldsn: str, db_dsn: str) -> None:
     """With backslash_quote off, PostgreSQL refuses ``E'a\\'b'`` (22P06); the instrumented

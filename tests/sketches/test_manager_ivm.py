@@ -27,7 +27,7 @@ from psycopg import sql as pgsql
 from psycopg.types.string import TextLoader
 
 import pg_extensions
-from sketches import lookup, maintained
+from sketches import background, lookup, maintained
 from sketches.capture import CaptureTarget, capture
 from sketches.ivm.pipeline import Pipeline
 from sketches.manager import Prepared, SketchManager, SketchSettings
@@ -869,7 +869,8 @@ def test_a_large_new_state_is_saved_by_the_background_not_the_query(
     """A new state of more than SAVE_IN_BACKGROUND groups is left to the background thread
     to persist (found: the query that built a 1M-group state waited about 10 s more for its
     save); until then its entry holds the audit rows back, and answers stay exact. The
-    background takes the state under the template's lock and writes it after."""
+    background takes the state under the template's lock and writes it after, and saves it
+    again only after SAVE_BACKOFF times its last save's duration."""
     monkeypatch.setattr(maintained, "SAVE_IN_BACKGROUND", 3)
     m = SketchManager(SketchSettings(fragments=10, strategy="lazy", state_interval=3600.0))
     try:
@@ -886,8 +887,14 @@ def test_a_large_new_state_is_saved_by_the_background_not_the_query(
         wait_for(lambda: _stored(conn, first.sketch_id) is not None)
         held = m.get(first.sketch_id)
         assert held is not None and _stored(conn, first.sketch_id) == held.version
+        # the next save waits SAVE_BACKOFF times the last one's duration
+        monkeypatch.setattr(background, "SAVE_BACKOFF", 10**9)
         conn.execute("DELETE FROM f WHERE id = 500005")
         assert check(m, conn, sql, params).decision == "use"
+        time.sleep(1.0)   # five state_intervals
+        assert _stored(conn, first.sketch_id) == held.version
+        monkeypatch.setattr(background, "SAVE_BACKOFF", 10)
+        wait_for(lambda: _stored(conn, first.sketch_id) != held.version)
     finally:
         m.drop_all(conn)   # its persisted state would hold back later tests' collection
         m.close()
@@ -900,7 +907,8 @@ def test_a_state_of_large_tables_is_built_by_the_background(
     itself (found: the first maintained query of a 1M-row table waited 22 s where a
     recapture takes 1.5 s): it is captured plainly, the background thread builds the state,
     and until then a write makes the next query recapture into the same sketch (not a new
-    one, whose build would be queued again); afterwards queries maintain it."""
+    one, whose build would be queued again); afterwards queries maintain it. The background
+    saves the state before it gives it to the sketch (no lock needed then)."""
     monkeypatch.setattr(maintained, "BUILD_IN_BACKGROUND", 100)
     m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
     release = threading.Event()
@@ -923,6 +931,7 @@ def test_a_state_of_large_tables_is_built_by_the_background(
         assert m.stats()["state_builds_queued"] == 1 and "state_builds" not in m.stats()
         release.set()
         wait_for(lambda: m.stats().get("state_builds", 0) == 1)
+        assert _stored(conn, first.sketch_id) is not None   # saved before it was given over
         maintained_before = m.stats().get("maintenances", 0)
         conn.execute("UPDATE f SET g = 7 WHERE id = 11")
         conn.execute("DELETE FROM f WHERE id = 500006")
