@@ -631,7 +631,7 @@ class SketchManager(IncrementalMaintenance):
         if denied is not None:
             return self._passthrough(denied)
         entry = self._capture(conn, sql, params, template, tmpl, analysis, safety,
-                              relations.oids, relations.names)
+                              relations.oids, relations.names, carried)
         entry.instance, entry.last_used, entry.uses = inst, time.time(), 1
         entry.strategy = carried   # IMP SET STRATEGY … FOR SKETCH outlives a recapture
         self._make_room(tmpl)
@@ -876,21 +876,22 @@ class SketchManager(IncrementalMaintenance):
                  params: tuple[object, ...] | None, template: str, tmpl: _Template,
                  analysis: QueryAnalysis, safety: Safety,
                  relations: tuple[int, ...],
-                 names: Sequence[tuple[str, str]] = ()) -> _Entry:
+                 names: Sequence[tuple[str, str]] = (), strategy: str | None = None) -> _Entry:
         """A new sketch on ``relations``: with incremental state when the tables are tracked
         in this snapshot (shared with a sketch of ``tmpl`` on the same relations, whose lock
         the caller holds, where possible), else captured plainly (and the tables queued for
         tracking). ``names``: the relations' (schema, name), locked ACCESS SHARE first with
         a bounded wait (:func:`sketches.ranges.lock_query_tables`): a partition built here
         takes SHARE UPDATE EXCLUSIVE on its table, which must not be held while the capture
-        waits for another table of the query."""
+        waits for another table of the query. ``strategy``: the per-sketch strategy of the
+        sketch it replaces (a ``recapture`` one builds no state)."""
         lock_query_tables(conn, names)
         targets = self._targets(conn, analysis, safety)
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn),
-                       relations=relations)
+                       relations=relations, strategy=strategy)
         pipeline = None
-        if not self._custom and self.settings.strategy != "recapture":
+        if not self._custom and self.strategy_of(entry) != "recapture":
             sketch_targets = [SketchTarget(t.table.index, t.column, t.partition)
                               for t in targets]
             try:

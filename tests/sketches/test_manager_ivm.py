@@ -1135,6 +1135,11 @@ def test_time_trigger_and_configure(conn: Conn) -> None:
         again = check(m, conn, sql, params)
         assert again.decision == "capture" and again.sketch_id != p.sketch_id, again
         assert entry_of(m, again.sketch_id)["strategy"] == "recapture"
+        # …and builds no state it would never maintain (found by a regression search in
+        # session 27: such a capture built one, or queued its build, every time)
+        held = m.get(again.sketch_id)
+        assert held is not None and all(
+            e.pipeline is None for t, e in m.entries() if e.sketch.id == again.sketch_id)
     finally:
         m.close()
         reset(conn)
