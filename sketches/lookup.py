@@ -375,16 +375,18 @@ and an array) are built-in scalars or enums other than dates, times, intervals, 
 composites. Such a query means the same in every session, whatever those settings."""
 
 _UNSEEN_DESCENDANT = (
-    "EXISTS (WITH RECURSIVE d(oid) AS (SELECT h.inhrelid FROM pg_catalog.pg_inherits AS h"
-    " WHERE h.inhparent = c.oid UNION SELECT h.inhrelid FROM pg_catalog.pg_inherits AS h"
-    " JOIN d ON h.inhparent = d.oid) SELECT 1 FROM d JOIN pg_catalog.pg_class AS k"
-    " ON k.oid = d.oid WHERE k.relkind = 'f' OR k.relpersistence = 't')")
+    "CASE WHEN c.relhassubclass THEN EXISTS (WITH RECURSIVE d(oid) AS (SELECT h.inhrelid"
+    " FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = c.oid UNION SELECT h.inhrelid"
+    " FROM pg_catalog.pg_inherits AS h JOIN d ON h.inhparent = d.oid) SELECT 1 FROM d"
+    " JOIN pg_catalog.pg_class AS k ON k.oid = d.oid"
+    " WHERE k.relkind = 'f' OR k.relpersistence = 't') ELSE false END")
 """Whether a table has a foreign or temporary table among its inheritance children or
 partitions (at any depth). A scan of the table reads them too: a foreign one changes with
 no transaction of this server (no audit row, no commit the freshness check sees), and a
 temporary one is read only by its own session, never by the service connection's capture
 (found: a file_fdw partition's file rewritten, and a client's temporary child, each left
-groups out of a sketch that was used)."""
+groups out of a sketch that was used). Searched only under a table that has or had
+children (``relhassubclass``, which stays true after they go: a search then finds none)."""
 
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
