@@ -32,7 +32,7 @@ import psycopg
 
 from sketches import deltas, incremental, lookup, pipelined
 from sketches.ivm.errors import IvmError
-from sketches.maintained import ENGINE_BUGS, SAVE_BACKOFF
+from sketches.maintained import ENGINE_BUGS, SAVE_BACKOFF, names_refused
 from sketches.service import ServiceConnection
 
 if TYPE_CHECKING:
@@ -45,18 +45,6 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 LOCK_WAIT = 0.05
 GIVE_UP = 30  # consecutive failed rounds (with back-off: about ten minutes)
-
-
-def _names_refused(conn: psycopg.Connection[Any], entry: _Entry) -> str | None:
-    """Why the entry's query would now pass through, checked as a query checks it
-    (:func:`sketches.lookup.relations`) in this snapshot and on the query's search_path, else
-    None. Why: the delta reads evaluate the query's expressions as the service role, and a
-    function or operator created since the capture may win the names (found: a role's
-    ``s.round(int)``, created after its query was captured with pg_catalog's ``round``, ran
-    in eager maintenance as the service role and made the role SUPERUSER)."""
-    if entry.analysis is None:
-        return "no analysis of the query"
-    return lookup.relations(conn, entry.analysis).reason
 
 
 class Background(threading.Thread):
@@ -195,7 +183,7 @@ class Background(threading.Thread):
                 try:
                     if not due and pipeline.pending(conn) < m.settings.batch_size:
                         return
-                    refused = _names_refused(conn, entry)
+                    refused = names_refused(conn, entry)
                     if refused is not None:
                         log.info("eager maintenance of sketch %s refused: %s",
                                  entry.sketch.id, refused)

@@ -10,12 +10,14 @@ pipeline runs under its template's lock, so a state's version only moves forward
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Python-level failures of the engine (not database errors, which abort the transaction and
-# propagate to the caller): the sketch is kept exact by recapture instead.
 BUILD_IN_BACKGROUND = 200_000
 """Rows of a query's tables (``pg_class.reltuples``, summed) beyond which its state is built
 by the background thread, not by the query that needs it
@@ -67,8 +67,30 @@ SAVE_IN_BACKGROUND = 50_000
 """Groups (or rows) beyond which a new state is persisted by the background thread, not by
 the query that built it (:meth:`IncrementalMaintenance._save_soon`)."""
 
+# Python-level failures of the engine (not database errors, which abort the transaction and
+# propagate to the caller): the sketch is kept exact by recapture instead.
 ENGINE_BUGS = (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
                AssertionError)
+
+
+def _with_fragments(sketch: Sketch, frags: Sequence[frozenset[int]], version: str) -> Sketch:
+    """``sketch`` with these fragments per part, valid at ``version``."""
+    parts = tuple(dataclasses.replace(p, fragments=f)
+                  for p, f in zip(sketch.parts, frags, strict=True))
+    return sketch.with_state(parts, version)
+
+
+def names_refused(conn: psycopg.Connection[Any], entry: Entry) -> str | None:
+    """Why the entry's query would now pass through, checked as a query checks it
+    (:func:`sketches.lookup.relations`) in this snapshot and on the query's search_path, else
+    None. Why: the background's delta reads and state builds evaluate the query's
+    expressions as the service role, and a function or operator created since the capture
+    may win the names (found: a role's ``s.round(int)``, created after its query was
+    captured with pg_catalog's ``round``, ran in eager maintenance as the service role and
+    made the role SUPERUSER)."""
+    if entry.analysis is None:
+        return "no analysis of the query"
+    return lookup.relations(conn, entry.analysis).reason
 
 
 @dataclass
@@ -260,21 +282,10 @@ class IncrementalMaintenance:
             return True
         if tmpl is not None and self._build_later(conn, tmpl, entry, pipeline):
             return False
-        try:
-            frags = pipeline.build_state(conn, self._seed(
-                conn, entry.analysis, capture_targets(sketch), sketch.params, pipeline))
-        except NotMaintainable as exc:  # refused on the data (e.g. text ordering, collation)
-            self._note_too_large(tmpl, exc)
-            entry.ivm_off = str(exc)
-            return False
-        except deltas.RoundedFloats:   # this session's; another's may build the state
-            return False
-        except ENGINE_BUGS as exc:
-            self._engine_bug(entry, exc)
-            return False
-        checked = self._cross_check(conn, entry, sketch.query, entry.analysis,
-                                    list(capture_targets(sketch)), sketch.params, frags)
-        if checked is None:
+        frags = self._build_checked(conn, tmpl, entry, pipeline, contextlib.nullcontext(),
+                                    sketch.query, entry.analysis, capture_targets(sketch),
+                                    sketch.params)
+        if frags is None:
             return False
         self._seconds["capture_seconds"] += time.perf_counter() - started
         entry.pipeline = pipeline
@@ -285,6 +296,31 @@ class IncrementalMaintenance:
         self._save_soon(conn, entry)
         self._ensure_background()
         return True
+
+    def _build_checked(self, conn: psycopg.Connection[Any], tmpl: Template | None,
+                       entry: Entry, pipeline: Pipeline, held: AbstractContextManager[Any],
+                       sql: str, analysis: QueryAnalysis, targets: Sequence[CaptureTarget],
+                       params: Sequence[object] | None) -> tuple[frozenset[int], ...] | None:
+        """``pipeline``'s state for ``entry`` (query ``sql`` on ``targets``) built in conn's
+        snapshot, its sketch checked against a capture there (:meth:`_cross_check`); None
+        when it was refused (the entry then keeps recapture: ``ivm_off`` or an engine error,
+        noted inside ``held``, the template's lock unless the caller holds it) or is left to
+        another session (``RoundedFloats``: this one's)."""
+        try:
+            frags = pipeline.build_state(conn, self._seed(conn, analysis, targets, params,
+                                                          pipeline))
+        except NotMaintainable as exc:  # refused on the data (e.g. text ordering, collation)
+            with held:
+                self._note_too_large(tmpl, exc)
+                entry.ivm_off = str(exc)
+            return None
+        except deltas.RoundedFloats:   # this session's; another's may build the state
+            return None
+        except ENGINE_BUGS as exc:
+            with held:
+                self._engine_bug(entry, exc)
+            return None
+        return self._cross_check(conn, entry, sql, analysis, list(targets), params, frags)
 
     def _build_later(self, conn: psycopg.Connection[Any], tmpl: Template, entry: Entry,
                      pipeline: Pipeline) -> bool:
@@ -324,9 +360,7 @@ class IncrementalMaintenance:
             return None
         entry.captures += 1
         self._count("captures")
-        parts = tuple(dataclasses.replace(p, fragments=r.fragments)
-                      for p, r in zip(sketch.parts, result.parts, strict=True))
-        return sketch.with_state(parts, result.version)
+        return _with_fragments(sketch, [r.fragments for r in result.parts], result.version)
 
     def take_build(self) -> tuple[Template, Entry, Pipeline] | None:
         """The oldest queued state build (:meth:`_build_later`), for the background thread."""
@@ -354,26 +388,12 @@ class IncrementalMaintenance:
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             session.apply(conn)
-            refused = lookup.relations(conn, analysis).reason
+            refused = names_refused(conn, entry)
             if refused is not None or not incremental.tracked(conn, pipeline):
                 log.info("sketch %s: no state built (%s)", sketch.id, refused or "not tracked")
                 return
-            try:
-                frags = pipeline.build_state(conn, self._seed(conn, analysis, targets,
-                                                              sketch.params, pipeline))
-            except NotMaintainable as exc:
-                with tmpl.lock:
-                    self._note_too_large(tmpl, exc)
-                    entry.ivm_off = str(exc)
-                return
-            except deltas.RoundedFloats:
-                return
-            except ENGINE_BUGS as exc:
-                with tmpl.lock:
-                    self._engine_bug(entry, exc)
-                return
-            if self._cross_check(conn, entry, sketch.query, analysis, list(targets),
-                                 sketch.params, frags) is None:
+            if self._build_checked(conn, tmpl, entry, pipeline, tmpl.lock, sketch.query,
+                                   analysis, targets, sketch.params) is None:
                 return
         built = time.perf_counter() - started
         saving = time.perf_counter()
@@ -526,11 +546,9 @@ class IncrementalMaintenance:
     def _apply(self, entry: Entry, frags: Sequence[frozenset[int]], version: str) -> None:
         """The entry's sketch with the pipeline's fragments at ``version``."""
         old = entry.sketch
-        parts = tuple(dataclasses.replace(p, fragments=f)
-                      for p, f in zip(old.parts, frags, strict=True))
-        if parts != old.parts:
+        entry.sketch = _with_fragments(old, frags, version)
+        if entry.sketch.parts != old.parts:
             entry.instrumented.clear()
-        entry.sketch = old.with_state(parts, version)
 
     def _save_state(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
         """Persists the entry's state in conn's transaction (the caller holds its lock)."""

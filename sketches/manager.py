@@ -60,8 +60,8 @@ from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget
-from sketches.maintained import ENGINE_BUGS, IncrementalMaintenance
 from sketches.maintained import Entry as _Entry
+from sketches.maintained import IncrementalMaintenance
 from sketches.maintained import Template as _Template
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy, RecaptureOnChange
 from sketches.ranges import (
@@ -906,26 +906,15 @@ class SketchManager(IncrementalMaintenance):
             frags = self._share(conn, tmpl, entry, pipeline)
             if frags is not None:
                 pipeline = entry.pipeline
-        if pipeline is not None and frags is None and incremental.tracked(conn, pipeline) \
-                and self._build_later(conn, tmpl, entry, pipeline):
-            pipeline = None   # captured plainly now, its state built in the background
         if pipeline is not None and frags is None and incremental.tracked(conn, pipeline):
-            try:
-                frags = pipeline.build_state(
-                    conn, self._seed(conn, analysis, targets, params, pipeline))
-            except NotMaintainable as exc:  # refused on the data (e.g. text ordering)
-                self._note_too_large(tmpl, exc)
-                entry.ivm_off = str(exc)
-                pipeline = None
-            except deltas.RoundedFloats:   # this session's: captured plainly
-                pipeline = None
-            except ENGINE_BUGS as exc:
-                self._engine_bug(entry, exc)
-                pipeline = None
-        if pipeline is not None and frags is not None and entry.head is None:
-            frags = self._cross_check(conn, entry, sql, analysis, targets, params, frags)
-            if frags is None:
-                pipeline = None
+            if self._build_later(conn, tmpl, entry, pipeline):
+                pipeline = None   # captured plainly now, its state built in the background
+            else:
+                frags = self._build_checked(conn, tmpl, entry, pipeline,
+                                            contextlib.nullcontext(), sql, analysis, targets,
+                                            params)
+                if frags is None:   # refused: captured plainly
+                    pipeline = None
         if pipeline is not None and frags is not None:
             parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition, f, t.nullable)
                           for t, f in zip(targets, frags, strict=True))
