@@ -26,6 +26,7 @@ half-updated: the pipeline marks itself broken and later calls raise :class:`Pip
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -441,16 +442,39 @@ class Pipeline:
                  aggregates: Sequence[sql.Composable],
                  extra: Sequence[sql.Composable] = ()) -> list[tuple[Any, ...]]:
         """``SELECT keys, frags, aggregates, count(*) … GROUP BY keys, frags``."""
+        # one row more than the limit tells the build to give up, and no more is sent
+        limit = sql.SQL("") if self.max_rows is None else sql.SQL(" LIMIT {}").format(
+            sql.Literal(self.max_rows + 1))
+        return self._run(self._grouped_sql(keys, frags, aggregates, extra) + limit)
+
+    def _grouped_sql(self, keys: Sequence[sql.Composable], frags: Sequence[tuple[int, str]],
+                     aggregates: Sequence[sql.Composable],
+                     extra: Sequence[sql.Composable] = ()) -> sql.Composed:
         group = [*keys, *(_raw(f) for _s, f in frags)]
         select = sql.SQL(", ").join([*group, *aggregates, sql.SQL("count(*)")])
         by = (sql.SQL(" GROUP BY ") + sql.SQL(", ").join(
             sql.SQL(str(i + 1)) for i in range(len(group)))) if group else sql.SQL("")
-        # one row more than the limit tells the build to give up, and no more is sent
-        limit = sql.SQL("") if self.max_rows is None else sql.SQL(" LIMIT {}").format(
-            sql.Literal(self.max_rows + 1))
-        query = sql.SQL("SELECT {} {}{}{}").format(select, self._from_where(self._all(), extra),
-                                                   by, limit)
-        return self._run(query)
+        return sql.SQL("SELECT {} {}{}").format(select, self._from_where(self._all(), extra), by)
+
+    def estimated_groups(self, conn: Conn) -> float | None:
+        """PostgreSQL's estimate of the (group, fragment) pairs the aggregation's state would
+        hold (planned, not run), or None when the pipeline has no aggregation or the plan
+        failed. Why: a state's build time follows its groups, not its tables' rows (the
+        background builds large ones, :mod:`sketches.maintained`)."""
+        if self.aggregate is None:
+            return None
+        query = self._grouped_sql([_raw(g) for g in self.spec.group_sql],
+                                  self._frag_cols(self._all()), [])
+        try:
+            with conn.transaction():
+                row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query).fetchone()
+        except psycopg.Error as exc:
+            log.debug("the state's size could not be estimated: %s", exc)
+            return None
+        plan = row[0] if row is not None else None
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return float(plan[0]["Plan"]["Plan Rows"]) if plan else None
 
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
         agg, spec = self.aggregate, self.spec

@@ -984,3 +984,42 @@ def test_minmax_counts_replace_every_min_max_that_only_having_compares(case: Cas
     assert funcs(case.options) & {"min", "max"}
     counted = funcs(dataclasses.replace(case.options, minmax_counts=True))
     assert not counted & {"min", "max"} and "count" in counted
+
+
+def test_the_state_size_is_estimated_from_the_plan(db: str) -> None:
+    """The estimate the manager uses to build a large state in the background follows the
+    state's (group, fragment) pairs, not the table's rows: 10 groups sketched on their own
+    key are about 10 pairs of 20,000 rows; sketched on the id (every group in every one of
+    50 fragments) the state holds 500 pairs, which the estimate does not undercut. A query
+    without an aggregation has no such estimate."""
+    ident = sql.Identifier("est")
+    by_g = partition("est", "g", (0, 2, 4, 6, 8))
+    by_id = partition("est", "id", tuple(range(400, 20_000, 400)))
+    query = "SELECT t.g, sum(t.v) FROM est t GROUP BY t.g HAVING sum(t.v) > 5"
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, g int, v int)").format(ident))
+        c.execute(sql.SQL("INSERT INTO {} SELECT i, i % 10, i % 7"
+                          " FROM generate_series(1, 20000) AS i").format(ident))
+        c.execute(sql.SQL("ANALYZE {}").format(ident))
+        c.execute("SELECT imp.track_table('est'::regclass)")
+    try:
+        sizes = {}
+        for name, part in (("g", by_g), ("id", by_id)):
+            pipe = compile(analyse(query), [SketchTarget(0, part.column, part)], None, Options())
+            with snapshot_conn(db) as c:
+                estimate = pipe.estimated_groups(c)
+                pipe.build_state(c)
+                assert pipe.aggregate is not None
+                sizes[name] = (estimate,
+                               sum(len(g.frags[0]) for g in pipe.aggregate.groups.values()))
+        (small, small_built), (large, large_built) = sizes["g"], sizes["id"]
+        assert small_built == 10 and large_built == 500
+        assert small is not None and small_built / 2 <= small <= small_built * 2
+        assert large is not None and large >= large_built
+        topk = compile(analyse("SELECT t.id FROM est t ORDER BY t.v DESC, t.id LIMIT 3"),
+                       [SketchTarget(0, "g", by_g)], None, Options())
+        with snapshot_conn(db) as c:
+            assert topk.estimated_groups(c) is None
+    finally:
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute(sql.SQL("DROP TABLE {}").format(ident))
