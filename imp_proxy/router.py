@@ -15,7 +15,6 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sketches import service
 from sketches.lookup import search_path_schemas
+from sketches.lru import Lru
 from sketches.pipelined import PREPARE_WHEN_ASKED
 from sketches.service import LOCAL_SETTINGS, SERVICE_LOCK_WAIT, ServiceConnection
 
@@ -422,8 +422,7 @@ class Router:
                  cache_size: int = 10000) -> None:
         self.hook = hook
         self.pools = pools
-        self._cache: OrderedDict[str, Decision] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: Lru[str, Decision] = Lru(cache_size)
         self._lock = threading.Lock()
         self._service_down: dict[str, float] = {}
         self._service_settings: dict[str, tuple[str, ...]] = {}
@@ -442,17 +441,14 @@ class Router:
     # ---- hot path -------------------------------------------------------------------------
 
     def cached(self, sql: str) -> Decision | None:
-        d = self._cache.get(sql)
-        if d is not None:
-            self._cache.move_to_end(sql)
-        return d
+        return self._cache.get(sql)
 
     # ---- worker-thread calls --------------------------------------------------------------
 
     def refuse(self, sql: str, reason: str) -> None:
         """From now on ``sql`` is no candidate (while its decision stays cached): its tables
         cannot be locked as the wrapping must (a materialized view, a foreign table)."""
-        self._cache[sql] = Decision(False, reason)
+        self._cache.put(sql, Decision(False, reason))
 
     async def classify(self, sql: str) -> Decision:
         d = self.cached(sql)
@@ -461,9 +457,7 @@ class Router:
         if self.hook is None:
             return Decision(False, "no sketch library configured")
         d = await asyncio.to_thread(self._classify_blocking, sql)
-        self._cache[sql] = d
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._cache.put(sql, d)
         return d
 
     def _classify_blocking(self, sql: str) -> Decision:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
+
+from sketches.lru import Lru
 
 if TYPE_CHECKING:
     from sketches.maintained import Entry, Template
@@ -91,16 +92,12 @@ class Answers:
     """A bounded map of :class:`Answer` by :func:`answer_key` (thread-safe)."""
 
     def __init__(self, size: int) -> None:
-        self._size = size
         self._lock = threading.Lock()
-        self._answers: OrderedDict[Key, Answer] = OrderedDict()
+        self._answers: Lru[Key, Answer] = Lru(size)
 
     def remember(self, key: Key, answer: Answer) -> None:
         with self._lock:
-            self._answers[key] = answer
-            self._answers.move_to_end(key)
-            while len(self._answers) > self._size:
-                self._answers.popitem(last=False)
+            self._answers.put(key, answer)
 
     def get(self, key: Key) -> Answer | None:
         with self._lock:

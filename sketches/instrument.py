@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
+from sketches.lru import Lru
 from sketches.sketch import SketchPart
 from sketches.sql.rewrite import Range, SkipFilter, add_skip_filters
 
@@ -43,18 +43,15 @@ def instrument(sql: str, parts: Sequence[SketchPart]) -> str | None:
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
-            _cache.move_to_end(key)
             return hit
     text = add_skip_filters(sql, filters)  # pglast print + re-parse: milliseconds
     with _lock:
-        _cache[key] = text
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        _cache.put(key, text)
     return text
 
 
 # the instrumented text is a function of the query text and its filters: a sketch whose
 # fragments return to an earlier set (maintenance moving groups in and out) reuses its text
 _CACHE_SIZE = 512
-_cache: OrderedDict[tuple[str, tuple[SkipFilter, ...]], str] = OrderedDict()
+_cache: Lru[tuple[str, tuple[SkipFilter, ...]], str] = Lru(_CACHE_SIZE)
 _lock = threading.Lock()

@@ -32,6 +32,7 @@ from sketches.ivm.codec import Json
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken, StateTooLarge
 from sketches.ivm.pipeline import Head, Pipeline
 from sketches.ivm.plan import SketchTarget, state_analysis
+from sketches.lru import Lru
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
 from sketches.sketch import Sketch
 from sketches.sql import QueryAnalysis
@@ -115,9 +116,11 @@ class Entry:
     since: float = field(default_factory=time.time)
     """When this process captured or loaded it: its last use for eviction until it is used
     (``SketchManager.evict_idle``)."""
-    instrumented: dict[str, str | None] = field(default_factory=dict)
+    instrumented: Lru[str, str | None] = field(
+        default_factory=lambda: Lru(INSTRUMENTED_KEPT, INSTRUMENTED_CHARS))
     """Instrumented text per query text, valid for ``sketch`` as it is (cleared on change);
-    at most ``INSTRUMENTED_KEPT`` texts (:meth:`remember_instrumented`)."""
+    at most ``INSTRUMENTED_KEPT`` texts of ``INSTRUMENTED_CHARS`` characters in all
+    (:meth:`remember_instrumented`)."""
     analysis: QueryAnalysis | None = None
     session: incremental.SessionSettings | None = None
     strategy: str | None = None
@@ -146,18 +149,20 @@ class Entry:
         return self.since if self.last_used is None else max(self.last_used, self.since)
 
     def remember_instrumented(self, sql: str, text: str | None) -> None:
-        """Keeps ``text`` as the instrumented ``sql``, dropping the oldest text kept when
-        ``INSTRUMENTED_KEPT`` are (the caller holds the template lock). Why bounded: one
-        sketch serves every text of its query — comments, ORM tags — and each text kept its
+        """Keeps ``text`` as the instrumented ``sql``, dropping the least recently used texts
+        beyond the bounds (the caller holds the template lock). Why bounded: one sketch
+        serves every text of its query — comments, ORM tags — and each text kept its
         instrumented copy for as long as the sketch stayed unchanged (found: ~2.5 KiB per
-        distinct comment, without limit); a text dropped is instrumented again."""
-        while len(self.instrumented) >= INSTRUMENTED_KEPT:
-            del self.instrumented[next(iter(self.instrumented))]
-        self.instrumented[sql] = text
+        distinct comment, without limit; in characters too since session 28: 256 texts of
+        256 KiB made 128 MiB); a text dropped is instrumented again."""
+        self.instrumented.put(sql, text)
 
 
 INSTRUMENTED_KEPT = 256
 """Instrumented texts kept per sketch (``Entry.remember_instrumented``)."""
+
+INSTRUMENTED_CHARS = 4 << 20
+"""Characters of query and instrumented texts kept per sketch."""
 
 
 @dataclass

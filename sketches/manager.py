@@ -60,6 +60,7 @@ from sketches.ivm import state as ivm_state
 from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.pipeline import Pipeline
 from sketches.ivm.plan import SketchTarget
+from sketches.lru import Lru
 from sketches.maintained import Entry as _Entry
 from sketches.maintained import IncrementalMaintenance
 from sketches.maintained import Template as _Template
@@ -224,13 +225,12 @@ class SketchManager(IncrementalMaintenance):
         self._background: Any = None  # sketches.background.Background, started on demand
         self._seconds: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
-        self._classified: OrderedDict[str, Classification] = OrderedDict()
-        self._analysed: OrderedDict[tuple[str, str], tuple[QueryAnalysis, Safety]] = \
-            OrderedDict()
+        size = self.settings.classify_cache_size
+        self._classified: Lru[str, Classification] = Lru(size)
+        self._analysed: Lru[tuple[str, str], tuple[QueryAnalysis, Safety]] = Lru(size)
         self._templates: OrderedDict[str, _Template] = OrderedDict()   # least recent first
-        self._instances: OrderedDict[tuple[object, ...], TemplateInstance] = OrderedDict()
-        self._role_checked: OrderedDict[tuple[str, str], tuple[str, lookup.Relations]] = \
-            OrderedDict()
+        self._instances: Lru[tuple[object, ...], TemplateInstance] = Lru(size)
+        self._role_checked: Lru[tuple[str, str], tuple[str, lookup.Relations]] = Lru(size)
         # key -> (partition, nullable, thread whose transaction saved it and has not yet
         # committed, or None)
         self._partitions: dict[tuple[str, str, str],
@@ -264,15 +264,12 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             hit = self._classified.get(sql)
             if hit is not None:
-                self._classified.move_to_end(sql)
                 self._stats["classify_hits"] += 1
                 return hit
         result = self._classify(sql)
         with self._lock:
             self._stats["classify_misses"] += 1
-            self._classified[sql] = result
-            while len(self._classified) > self.settings.classify_cache_size:
-                self._classified.popitem(last=False)
+            self._classified.put(sql, result)
         return result
 
     @staticmethod
@@ -655,9 +652,7 @@ class SketchManager(IncrementalMaintenance):
             return hit[1]
         found = lookup.relations(conn, analysis)
         with self._lock:
-            self._role_checked[key] = (snapshot, found)
-            while len(self._role_checked) > self.settings.classify_cache_size:
-                self._role_checked.popitem(last=False)
+            self._role_checked.put(key, (snapshot, found))
         return found
 
     def _instance(self, sql: str, params: tuple[object, ...] | None) -> TemplateInstance:
@@ -669,13 +664,10 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             hit = self._instances.get(key)
             if hit is not None:
-                self._instances.move_to_end(key)
                 return hit
         inst = instance(sql, params)
         with self._lock:
-            self._instances[key] = inst
-            while len(self._instances) > self.settings.classify_cache_size:
-                self._instances.popitem(last=False)
+            self._instances.put(key, inst)
         return inst
 
     def _candidates(self, tmpl: _Template, inst: TemplateInstance,
@@ -836,7 +828,6 @@ class SketchManager(IncrementalMaintenance):
         with self._lock:
             hit = self._analysed.get(key)
             if hit is not None:
-                self._analysed.move_to_end(key)
                 return hit
         analysis = analyse(sql, lookup.resolver(conn))
         safety = check(analysis)
@@ -844,9 +835,7 @@ class SketchManager(IncrementalMaintenance):
             safety = errors_kept(analysis, safety, lookup.raising_catalog(conn, analysis))
         result = (analysis, safety)
         with self._lock:
-            self._analysed[key] = result
-            while len(self._analysed) > self.settings.classify_cache_size:
-                self._analysed.popitem(last=False)
+            self._analysed.put(key, result)
         return result
 
     def _finish(self, decision: str, sql: str, entry: _Entry) -> Prepared:
@@ -858,7 +847,7 @@ class SketchManager(IncrementalMaintenance):
             return Prepared(decision, f"sketch covers {worst:.0%} of the fragments",
                             sketch.id, None)
         if sql in entry.instrumented:
-            text = entry.instrumented[sql]
+            text = entry.instrumented.get(sql)
         else:
             text = instrument(sql, sketch.parts)
             entry.remember_instrumented(sql, text)

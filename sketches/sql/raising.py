@@ -27,7 +27,6 @@ parameters are checked by value elsewhere (``grammar.reads_the_clock``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -36,6 +35,7 @@ from pglast import ast
 from pglast.enums import A_Expr_Kind
 from pglast.stream import RawStream
 
+from sketches.lru import cached
 from sketches.sql.grammar import AGGREGATES
 from sketches.sql.model import AggregateCall, ColumnRef, Expression, QueryAnalysis
 from sketches.sql.parse import parse_select, to_sql
@@ -197,7 +197,7 @@ def _evaluated(analysis: QueryAnalysis) -> tuple[Expression, ...]:
             *(a.arg for a in analysis.aggregates if a.arg is not None))
 
 
-@functools.lru_cache(maxsize=4096)
+@cached(4096)
 def _node(sql: str) -> ast.Node:
     """The expression an analysed ``Expression.sql`` prints (a fresh parse: never mutated)."""
     node = parse_select("SELECT " + sql).targetList[0].val

@@ -19,6 +19,7 @@ from pglast import ast
 from pglast.enums import A_Expr_Kind, BoolExprType, LimitOption, NullTestType
 
 from sketches.errors import InstrumentationError, UnsupportedQuery
+from sketches.lru import cached
 from sketches.sql.model import QueryAnalysis
 from sketches.sql.parse import parse_select, print_checked, same_tree, scopes, to_sql
 
@@ -210,7 +211,7 @@ class _Skeleton:
     alone: tuple[bool, ...]
 
 
-@functools.lru_cache(maxsize=512)
+@cached(512)
 def _skeleton(sql: str, scope_ids: tuple[int, ...]) -> _Skeleton:
     """``sql`` printed (and checked) with a placeholder column where each filter goes. A
     placeholder is a lower-case identifier with a random part, printed as it is; it must occur
@@ -231,7 +232,7 @@ def _skeleton(sql: str, scope_ids: tuple[int, ...]) -> _Skeleton:
     return _Skeleton((*pieces, text[at:]), tuple(order), tuple(alone))
 
 
-@functools.lru_cache(maxsize=2048)
+@cached(2048)
 def _predicate_text(f: SkipFilter) -> tuple[str, bool]:
     """The printed predicate of ``f`` (checked: it re-parses to the same tree) and whether it
     is an OR (which needs parentheses as an operand of AND; an AND's operands join the list)."""

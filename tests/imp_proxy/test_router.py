@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imp_proxy.router import PerDatabase, PrepareCancelled, ServiceCancel, prefilter
+from imp_proxy.router import PerDatabase, PrepareCancelled, Router, ServiceCancel, prefilter
+from sketches import lru
 
 _WORDS = ["SELECT", "select", "SeLeCt", "with", "(", "group", "GROUP", "By", "ORDER", "oRdEr",
           "having", "LIMIT", "fetch", "Distinct", "orders", "grouped", "x_limit", "limit_",
@@ -117,3 +118,20 @@ def test_repeated_imp_set_keeps_one_replay_entry_per_setting() -> None:
     # a hook made before them was given each, in order
     assert len(early.configured) == 1003
     assert early.configured[-2:] == [("strategy", "eager"), ("batch_size", "9")]
+
+
+def test_the_decision_cache_holds_a_bounded_number_of_characters(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decisions are cached per query text, at most ``cache_size`` texts and at most
+    ``lru.MAX_CHARS`` characters of them: long texts (a 256 KiB comment each) no longer cost
+    memory up to the entry count (session 26's resource search: +218 MiB)."""
+    monkeypatch.setattr(lru, "MAX_CHARS", 1 << 20)
+    router = Router(None, None, cache_size=1000)
+    long = [f"SELECT {i} /* {'x' * (256 << 10)} */" for i in range(12)]
+    for text in long:
+        router.refuse(text, "a foreign table")
+    kept = [t for t in long if router.cached(t) is not None]
+    assert kept == long[-3:]   # three of 256 KiB fit in 1 MiB: the most recent
+    for i in range(1500):
+        router.refuse(f"SELECT {i}", "short")
+    assert router.cached("SELECT 1499") is not None and router.cached("SELECT 0") is None

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 import pg_extensions
-from sketches import catalog
+from sketches import catalog, lru
 from sketches.errors import CaptureError
-from sketches.maintained import INSTRUMENTED_KEPT
+from sketches.maintained import INSTRUMENTED_CHARS, INSTRUMENTED_KEPT
 from sketches.manager import (
     INSTALL_LOCK_WAIT,
     MaintenanceRequest,
@@ -116,6 +116,24 @@ def test_classify_is_cached_and_explains(svc: psycopg.Connection[Any]) -> None:
     m.classify("SELECT g FROM mt ORDER BY g LIMIT 1")
     assert m.stats()["classify_cache"] == 2
     assert m.prepare(svc, "SELECT count(*) FROM mt").decision == "passthrough"
+
+
+def test_long_query_texts_are_cached_within_a_character_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classification cache holds at most ``lru.MAX_CHARS`` characters of query text, not
+    ``classify_cache_size`` texts of any length (found by a resource search in session 26:
+    800 distinct queries with 256 KiB comments cost +218 MiB); short texts fill it up to
+    the entry bound as before."""
+    monkeypatch.setattr(lru, "MAX_CHARS", 1 << 20)
+    m = SketchManager(SketchSettings(classify_cache_size=64))
+    pad = "x" * (200 << 10)
+    for i in range(20):   # 20 texts of 200 KiB: 4 MiB, five fit
+        assert m.classify(f"SELECT g, count(*) FROM mt /* {i} {pad} */ GROUP BY g").candidate
+        assert m._classified.chars <= 1 << 20
+    assert m.stats()["classify_cache"] == 5
+    for i in range(100):
+        m.classify(f"SELECT g, count(*) FROM mt WHERE g > {i} GROUP BY g")
+    assert m.stats()["classify_cache"] == 64
 
 
 def test_capture_after_n_executions_and_disabled(svc: psycopg.Connection[Any]) -> None:
@@ -532,6 +550,11 @@ def test_instrumented_texts_kept_per_sketch_are_bounded(
             again = prepare(m, svc, text.format(0))   # a dropped text is instrumented again
             assert again.decision == "use" and again.instrumented_sql is not None
             assert rows(svc, again.instrumented_sql, None) == rows(svc, text.format(0), None)
+            for i in range(3):   # long texts: the characters bound the texts kept too
+                sql = text.format(f"{i} {'x' * ((3 << 20) // 2)}")
+                assert prepare(m, svc, sql).decision == "use"
+                assert entry.instrumented.chars <= INSTRUMENTED_CHARS
+            assert sql in entry.instrumented and len(entry.instrumented) < INSTRUMENTED_KEPT
     finally:
         m.close()
 
