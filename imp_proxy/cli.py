@@ -220,7 +220,10 @@ def library_settings(settings_cls: Any, overrides: Sequence[tuple[str, str]]) ->
                 values[name] = raw
         except ValueError as exc:
             raise ConfigError(f"invalid value for library setting {name}: {raw!r}") from exc
-    return dataclasses.replace(defaults, **values)
+    try:
+        return dataclasses.replace(defaults, **values)
+    except ValueError as exc:   # the settings' own checks (a range, a strategy's name)
+        raise ConfigError(f"invalid library settings: {exc}") from exc
 
 
 def _postmaster(datadir: Path) -> tuple[int, int] | None:

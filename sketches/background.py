@@ -234,6 +234,9 @@ class Background(threading.Thread):
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
+                if m.strategy_of(entry) not in ("lazy", "eager"):   # e.g. IMP SET strategy
+                    m.give_up_state(entry)                          # = recapture, globally
+                    continue
                 if entry.dirty and m.settings.persist and due:
                     if m.worth_saving(conn, entry):
                         pending = m.state_to_save(entry)
@@ -246,6 +249,7 @@ class Background(threading.Thread):
                     m.write_state(conn, *pending)
                 entry.save_seconds = time.perf_counter() - started
                 entry.saved_at = time.monotonic()
+        m.delete_given_up(conn)
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             deleted = incremental.collect_garbage(conn, live, low)

@@ -207,6 +207,7 @@ class IncrementalMaintenance:
     _conninfo: dict[str, Any] | None
     _to_track: dict[str, incremental.SessionSettings]
     _to_build: list[tuple[Template, Entry, Pipeline]]
+    _unsaved: set[int]
     _background: Any
     _seconds: defaultdict[str, float]
 
@@ -420,7 +421,8 @@ class IncrementalMaintenance:
         saved = time.perf_counter() - saving
         with tmpl.lock:
             wanted = entry in tmpl.entries and entry.pipeline is None \
-                and entry.ivm_off is None and capture_targets(entry.sketch) == targets
+                and entry.ivm_off is None and capture_targets(entry.sketch) == targets \
+                and self.strategy_of(entry) in ("lazy", "eager")
             if wanted:
                 entry.pipeline = pipeline
                 entry.captures += 1
@@ -622,6 +624,29 @@ class IncrementalMaintenance:
                 return True
         return False
 
+    def give_up_state(self, entry: Entry) -> None:
+        """Detaches ``entry`` (now kept by recapture) and queues the deletion of its saved
+        state for the background (:meth:`delete_given_up`; the caller holds the template's
+        lock). Why: the saved state held the audit-row collection back until the sketch was
+        evicted (found by a helper's search in session 28: 464 rows kept after a strategy
+        switch)."""
+        self.detach(entry)
+        if entry.sketch.id is not None and entry.sketch.id > 0:
+            with self._lock:
+                self._unsaved.add(entry.sketch.id)
+
+    def delete_given_up(self, conn: psycopg.Connection[Any]) -> None:
+        """Deletes the saved states :meth:`give_up_state` queued, of sketches still without
+        a state (on the background's autocommit connection)."""
+        with self._lock:
+            queued, self._unsaved = self._unsaved, set()
+        stateless = {e.sketch.id for _t, e in self.entries() if e.pipeline is None}
+        gone = sorted(queued & stateless)
+        if gone and self.settings.persist and incremental.installed(conn):
+            with conn.transaction():
+                for sid in gone:
+                    ivm_state.delete(conn, str(sid))
+
     def detach(self, entry: Entry) -> None:
         """The entry keeps no pipeline (a shared one stops maintaining its head)."""
         if entry.head is not None and entry.pipeline is not None:
@@ -721,7 +746,7 @@ class IncrementalMaintenance:
                 with tmpl.lock:
                     entry.strategy = value
                     if value == "recapture":
-                        self.detach(entry)
+                        self.give_up_state(entry)
                 if value == "eager":
                     self._ensure_background()
                 return True

@@ -102,7 +102,7 @@ prints the range bounds with standard strings, which PostgreSQL then reads with 
 
 _SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
               "current_setting('transaction_isolation'), "
-              "pg_current_xact_id_if_assigned() IS NULL, " + lookup.SERVER_STARTED)
+              "pg_current_xact_id_if_assigned()::text::bigint, " + lookup.SERVER_STARTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +157,13 @@ class SketchSettings:
     max_state_rows: int = 1_000_000
 
     def __post_init__(self) -> None:
-        incremental.check_strategy(self.strategy)
-        if self.batch_size < 1 or self.batch_interval <= 0 or self.state_interval <= 0:
+        # as IMP SET takes it: "Lazy" from a configuration file was kept as written, and
+        # matched neither "lazy" nor "eager" (maintenance off, every write a recapture)
+        object.__setattr__(self, "strategy", incremental.check_strategy(self.strategy))
+        if self.fragments < 1:
+            raise ValueError("fragments must be >= 1")
+        # "not x > 0" refuses NaN too: a NaN interval stopped the background's rounds
+        if self.batch_size < 1 or not self.batch_interval > 0 or not self.state_interval > 0:
             raise ValueError("batch_size must be >= 1, batch_interval and state_interval > 0")
         if self.own_sketch_after < 0 or self.max_sketches_per_template < 1 \
                 or self.sketches_kept_per_template < 1 \
@@ -222,6 +227,7 @@ class SketchManager(IncrementalMaintenance):
         self._conninfo: dict[str, Any] | None = None
         self._to_track: dict[str, incremental.SessionSettings] = {}
         self._to_build: list[tuple[_Template, _Entry, Pipeline]] = []
+        self._unsaved: set[int] = set()
         self._background: Any = None  # sketches.background.Background, started on demand
         self._seconds: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -340,15 +346,16 @@ class SketchManager(IncrementalMaintenance):
         cls = self.classify(sql)
         if not cls.candidate or cls.template is None:
             return self._passthrough(cls.reason)
+        wrote = False
         if snapshot is not None and search_path is not None:
             path = search_path
         else:
-            path, snapshot = self._setup(conn, search_path)
+            path, snapshot, wrote = self._setup(conn, search_path)
         if self._conninfo is None:
             self._remember_conninfo(conn)
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
-                                        cls.template, settings_differ, stop, role)
+                                        cls.template, settings_differ, stop, role, wrote)
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and _partition_unseen(exc):
                 with self._lock:  # read from the catalog again next time
@@ -363,14 +370,15 @@ class SketchManager(IncrementalMaintenance):
                         snapshot: str | None, template: str,
                         settings_differ: str | None = None,
                         stop: threading.Event | None = None,
-                        role: str | None = None) -> Prepared:
+                        role: str | None = None, wrote: bool = False) -> Prepared:
         self._txn.uncommitted = _Uncommitted()
         with self._held_template(template, stop) as tmpl:
             tmpl.seen += 1
             key = answer_key(sql, params, search_path) if search_path is not None else None
             try:
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     template, tmpl, path, snapshot, key, settings_differ, role)
+                                     template, tmpl, path, snapshot, key, settings_differ, role,
+                                     wrote)
             except CaptureError:
                 self._stats["errors"] += 1
                 raise
@@ -425,11 +433,12 @@ class SketchManager(IncrementalMaintenance):
         return undo
 
     def _setup(self, conn: psycopg.Connection[Any],
-               search_path: str | None) -> tuple[str, str | None]:
-        """One round trip: the search_path in force (the analysis cache's key) and, inside a
+               search_path: str | None) -> tuple[str, str | None, bool]:
+        """One round trip: the search_path in force (the analysis cache's key), inside a
         REPEATABLE READ / SERIALIZABLE transaction that wrote nothing, its snapshot (a sketch
         whose state is at exactly this snapshot needs no maintenance; a transaction with an
-        xid sees its own writes, which no snapshot shows)."""
+        xid sees its own writes, which no snapshot shows), and whether the transaction wrote
+        before the manager did (an xid not of the manager's own catalog writes)."""
         if search_path is not None:
             row = conn.execute(_SETUP_SQL.format(
                 "set_config('search_path', %s, true)"), (search_path,)).fetchone()
@@ -437,9 +446,12 @@ class SketchManager(IncrementalMaintenance):
             row = conn.execute(_SETUP_SQL.format(lookup.EFFECTIVE_SEARCH_PATH)).fetchone()
         assert row is not None
         self.server_started(str(row[4]))
-        snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") and row[3] \
+        snapshot = str(row[1]) if row[2] in ("repeatable read", "serializable") \
+            and row[3] is None \
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS else None
-        return str(row[0]), snapshot
+        with self._lock:
+            wrote = row[3] is not None and int(row[3]) not in self._own_xids
+        return str(row[0]), snapshot, wrote
 
     def server_started(self, started: str) -> None:
         """PostgreSQL's ``pg_postmaster_start_time()`` as last seen. A change means it
@@ -570,7 +582,11 @@ class SketchManager(IncrementalMaintenance):
                  params: tuple[object, ...] | None, template: str,
                  tmpl: _Template, search_path: str | None = None,
                  snapshot: str | None = None, key: Key | None = None,
-                 settings_differ: str | None = None, role: str | None = None) -> Prepared:
+                 settings_differ: str | None = None, role: str | None = None,
+                 wrote: bool = False) -> Prepared:
+        if wrote:   # found by a helper's search in session 28: a group it inserted left out
+            return self._passthrough("the transaction wrote: its own writes are visible to it"
+                                     " but in no snapshot")
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
@@ -904,6 +920,8 @@ class SketchManager(IncrementalMaintenance):
                                             params)
                 if frags is None:   # refused: captured plainly
                     pipeline = None
+                else:
+                    self._count("state_builds")
         if pipeline is not None and frags is not None:
             parts = tuple(SketchPart(t.table, t.schema, t.column, t.partition, f, t.nullable)
                           for t, f in zip(targets, frags, strict=True))

@@ -173,6 +173,22 @@ def test_bad_config_file_is_a_configuration_error(tmp_path: Path, body: bytes) -
     assert res.returncode == 2 and "configuration error" in res.stderr, res.stderr[-1500:]
 
 
+@pytest.mark.parametrize("how", ["flag", "file"])
+def test_a_library_setting_out_of_range_is_a_one_line_configuration_error(
+        tmp_path: Path, how: str) -> None:
+    """The README's exit status 2 and one line, also for a value the library refuses
+    (found by a documentation search in session 28: a traceback and exit status 1)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[library]\nstrategy = "bogus"\n')
+    given = (["--library-setting", "strategy=bogus"] if how == "flag"
+             else ["--config", str(cfg)])
+    res = run("serve", *given, "--upstream", "postgresql://u@127.0.0.1:1/d",
+              "--listen", "127.0.0.1:0", timeout=30)
+    assert res.returncode == 2 and res.stderr.startswith("imp-proxy: configuration error"), \
+        res.stderr[-1500:]
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr[-1500:]
+
+
 @pytest.mark.parametrize("body", ["service_pool_size = true\n", "service_pool_size = 2.9\n",
                                   "connect_timeout = nan\n"])
 def test_wrongly_typed_config_values_are_rejected(body: str) -> None:

@@ -80,6 +80,30 @@ def test_library_settings_coerced() -> None:
         library_settings(manager.SketchSettings, [("capture_after", "many")])
 
 
+@pytest.mark.parametrize("setting", [("strategy", "bogus"), ("batch_size", "0"),
+                                     ("batch_interval", "0"), ("state_interval", "nan"),
+                                     ("own_sketch_min_coverage", "2"), ("max_state_rows", "0"),
+                                     ("fragments", "0")])
+def test_library_settings_the_library_refuses_are_configuration_errors(
+        setting: tuple[str, str]) -> None:
+    """A value of the right type that the settings' own checks refuse is a configuration
+    error too (found by a documentation search in session 28: a Python traceback and exit
+    status 1, not the README's one line and status 2; a NaN interval and 0 fragments were
+    even accepted, and stopped the background's rounds or every capture)."""
+    manager = pytest.importorskip("sketches.manager")
+    with pytest.raises(ConfigError, match="invalid library settings"):
+        library_settings(manager.SketchSettings, [setting])
+
+
+def test_a_library_strategy_is_read_in_any_case() -> None:
+    """``strategy=Lazy`` in a flag or the file was kept as written, matched neither ``lazy``
+    nor ``eager``, and every write made a recapture (found by a documentation search in
+    session 28); ``IMP SET strategy = Lazy`` always took it in any case."""
+    manager = pytest.importorskip("sketches.manager")
+    assert library_settings(manager.SketchSettings, [("strategy", " Lazy")]).strategy == "lazy"
+    assert manager.SketchSettings(strategy="EAGER").strategy == "eager"
+
+
 def test_help_documents_every_option() -> None:
     parser = build_parser()
     out = subprocess.run([sys.executable, "-m", "imp_proxy", "serve", "--help"], cwd=ROOT,

@@ -118,6 +118,24 @@ def test_classify_is_cached_and_explains(svc: psycopg.Connection[Any]) -> None:
     assert m.prepare(svc, "SELECT count(*) FROM mt").decision == "passthrough"
 
 
+@pytest.mark.parametrize("name", ["state_interval", "batch_interval", "fragments"])
+def test_imp_set_refuses_values_that_stop_the_work(name: str) -> None:
+    """``IMP SET state_interval = nan`` was taken (``nan <= 0`` is false) and the background's
+    ``elapsed >= nan`` was never true: no state saved, no audit row collected, no sketch
+    evicted again; ``fragments = 0`` made every capture fail (found by a documentation
+    search in session 28). Refused now, as ``idle_evict_after = nan`` was, and the setting
+    keeps its value."""
+    m = SketchManager(SketchSettings(persist=False))
+    try:
+        before = getattr(m.settings, name)
+        for bad in (["nan", "-1"] if name != "fragments" else ["0", "-1"]):
+            with pytest.raises(ValueError):
+                m.configure(name, bad)
+        assert getattr(m.settings, name) == before
+    finally:
+        m.close()
+
+
 def test_long_query_texts_are_cached_within_a_character_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The classification cache holds at most ``lru.MAX_CHARS`` characters of query text, not
