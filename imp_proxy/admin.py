@@ -171,10 +171,13 @@ def _format(result_formats: Sequence[int], i: int) -> int:
 
 def encode_rows(result: AdminResult) -> bytes:
     """DataRows + CommandComplete (no RowDescription: the caller decides, Describe may have)."""
-    parts = [codec.encode_data_row([None if v is None else v.encode() for v in row])
-             for row in result.rows]
-    parts.append(codec.encode_command_complete(result.tag))
-    return b"".join(parts)
+    return b"".join([*data_rows(result), codec.encode_command_complete(result.tag)])
+
+
+def data_rows(result: AdminResult) -> list[bytes]:
+    """One encoded DataRow per row."""
+    return [codec.encode_data_row([None if v is None else v.encode() for v in row])
+            for row in result.rows]
 
 
 def encode_result(result: AdminResult) -> bytes:

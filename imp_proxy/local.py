@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import admin, intercept
@@ -23,6 +24,22 @@ if TYPE_CHECKING:
     from .protocol.framing import BoundaryScanner
 
 
+@dataclass(slots=True)
+class AdminPortal:
+    """A bound IMP statement. Run by its first Execute; ``rows`` then holds the DataRows not
+    sent yet (an Execute with a row limit sends that many and PortalSuspended, as PostgreSQL
+    does), and a statement without rows cannot be run again (55000, as PostgreSQL's
+    utility statements)."""
+
+    cmd: admin.AdminCommand
+    formats: tuple[int, ...]
+    rows: list[bytes] | None = None
+    tag: str = ""
+
+
+_IDLE = ord("I")
+
+
 class LocalAdmin:
     """Mixin of Session: the state and handlers of locally answered IMP statements."""
 
@@ -32,7 +49,7 @@ class LocalAdmin:
     local_batch: bool
     local_error: bool
     admin_stmts: dict[str, admin.AdminCommand]
-    admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]]
+    admin_portals: dict[str, AdminPortal]
 
     def _extended_special(self, data: bytes, pos: int, end: int) -> str | None:
         raise NotImplementedError
@@ -81,7 +98,8 @@ class LocalAdmin:
                     "08P01", f"bind message has {len(b.result_formats)} result formats but "
                     f"query has {width} columns"))
                 return "local"
-            self.admin_portals[b.portal] = (self.admin_stmts[b.statement], b.result_formats)
+            self.admin_portals[b.portal] = AdminPortal(self.admin_stmts[b.statement],
+                                                       b.result_formats)
             self.client.write(codec.bind_complete())
         elif typ == DESCRIBE:
             d = codec.decode_describe(msg)
@@ -90,9 +108,10 @@ class LocalAdmin:
                 out = codec.encode_parameter_description(())
                 out += admin.row_description(cols) if cols is not None else codec.no_data()
             else:
-                cmd, fmts = self.admin_portals[d.name]
-                cols = cmd.columns
-                out = admin.row_description(cols, fmts) if cols is not None else codec.no_data()
+                portal = self.admin_portals[d.name]
+                cols = portal.cmd.columns
+                out = (admin.row_description(cols, portal.formats) if cols is not None
+                       else codec.no_data())
             self.client.write(out)
         elif typ == CLOSE:
             c = codec.decode_close(msg)
@@ -100,9 +119,11 @@ class LocalAdmin:
             self.client.write(codec.close_complete())
         elif typ == EXECUTE:
             e = codec.decode_execute(msg)
-            cmd, _ = self.admin_portals[e.portal]
-            self._run_held(self._admin_execute(cmd))
-            return "hold"
+            portal = self.admin_portals[e.portal]
+            if portal.rows is None:
+                self._run_held(self._admin_execute(e.portal, portal, e.max_rows))
+                return "hold"
+            self._send_rows(e.portal, portal, e.max_rows, again=True)
         return "local"
 
     def _leave_local(self, msg: bytes) -> str | None:
@@ -119,7 +140,8 @@ class LocalAdmin:
     def _local_sync(self) -> None:
         self.local_batch = False
         self.local_error = False
-        self.admin_portals.pop("", None)  # the unnamed portal ends with the implicit txn
+        if self.scanner.status == _IDLE:   # the implicit transaction ends with its portals
+            self.admin_portals.clear()
         self.client.write(codec.encode_ready_for_query(chr(self.scanner.status)))
 
     async def _admin_query(self, body: bytes) -> None:
@@ -133,13 +155,30 @@ class LocalAdmin:
             out = codec.encode_error("ERROR", "22021", "invalid UTF-8 in IMP statement")
         self.client.write(out + codec.encode_ready_for_query(chr(self.scanner.status)))
 
-    async def _admin_execute(self, cmd: admin.AdminCommand) -> None:
+    async def _admin_execute(self, name: str, portal: AdminPortal, max_rows: int) -> None:
         try:
-            result = await intercept.run_admin(self, cmd)  # type: ignore[arg-type]
+            result = await intercept.run_admin(self, portal.cmd)  # type: ignore[arg-type]
         except admin.AdminError as exc:
             self._local_fail(exc)
             return
-        self.client.write(admin.encode_rows(result))
+        portal.rows, portal.tag = admin.data_rows(result), result.tag
+        self._send_rows(name, portal, max_rows, again=False)
+
+    def _send_rows(self, name: str, portal: AdminPortal, max_rows: int, again: bool) -> None:
+        """Up to ``max_rows`` (0: all) of the portal's rows not sent yet, then PortalSuspended
+        or CommandComplete (``SELECT n`` counting this Execute's rows, as PostgreSQL counts
+        them); a statement without rows run ``again`` fails as PostgreSQL's do."""
+        if portal.cmd.columns is None and again:
+            self._local_fail(admin.AdminError("55000", f'portal "{name}" cannot be run'))
+            return
+        rows = portal.rows or []
+        if 0 < max_rows < len(rows):
+            portal.rows = rows[max_rows:]
+            self.client.write(b"".join([*rows[:max_rows], codec.portal_suspended()]))
+            return
+        portal.rows = []
+        tag = f"SELECT {len(rows)}" if portal.tag.startswith("SELECT ") else portal.tag
+        self.client.write(b"".join([*rows, codec.encode_command_complete(tag)]))
 
     def _refers_to_admin(self, msg: bytes) -> bool:
         typ = msg[0]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import admin, databases, intercept
 from .errors import UpstreamError
-from .local import LocalAdmin
+from .local import AdminPortal, LocalAdmin
 from .protocol import codec
 from .protocol._struct import unpack_int32_from
 from .protocol.framing import (
@@ -145,7 +145,7 @@ class Session(LocalAdmin):
         self.local_batch = False
         self.local_error = False
         self.admin_stmts: dict[str, admin.AdminCommand] = {}
-        self.admin_portals: dict[str, tuple[admin.AdminCommand, tuple[int, ...]]] = {}
+        self.admin_portals: dict[str, AdminPortal] = {}
         # named statement -> (sql, parameter type oids, ParameterStatus messages seen) of its
         # last Parse seen, tracked only while sketching is on, for sketch candidates; may be
         # stale (a failed or skipped Parse, DEALLOCATE, DISCARD ALL), so a wrapping checks it
@@ -396,6 +396,8 @@ class Session(LocalAdmin):
                     return "wrap"
             return None
         if self.admin_stmts or self.admin_portals:
+            if self.admin_portals and self.idle and self.scanner.status == _IDLE:
+                self.admin_portals.clear()   # their transaction ended: PostgreSQL's now
             if self.idle and self._refers_to_admin(bytes(data[pos:end])):
                 self.local_batch = True
                 self.local_error = False

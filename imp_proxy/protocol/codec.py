@@ -53,6 +53,7 @@ _BIND_COMPLETE = b"2\x00\x00\x00\x04"
 _CLOSE_COMPLETE = b"3\x00\x00\x00\x04"
 _NO_DATA = b"n\x00\x00\x00\x04"
 _EMPTY_QUERY = b"I\x00\x00\x00\x04"
+_PORTAL_SUSPENDED = b"s\x00\x00\x00\x04"
 
 
 def _message(typ: bytes, body: bytes) -> bytes:
@@ -405,6 +406,10 @@ def no_data() -> bytes:
 
 def empty_query_response() -> bytes:
     return _EMPTY_QUERY
+
+
+def portal_suspended() -> bytes:
+    return _PORTAL_SUSPENDED
 
 
 @_strict

@@ -335,3 +335,68 @@ def test_a_bind_with_another_number_of_result_formats_fails_as_in_postgresql(
         ("08P01", f"bind message has {len(formats)} result formats but query has "
                   f"{len(SKETCH_COLUMNS)} columns")]
     assert [codec.decode_data_row(m).values for t, m in then if t == ord("D")] == [(b"42",)]
+
+
+def _trace(msgs: list[tuple[int, bytes]]) -> list[str]:
+    """Message types, with CommandComplete tags and error codes and texts spelt out."""
+    out = []
+    for typ, msg in msgs:
+        if typ == ord("C"):
+            out.append("C " + codec.decode_command_complete(msg).tag)
+        elif typ == ord("E"):
+            e = codec.decode_error_fields(msg)
+            out.append(f"E {e.sqlstate} {e.message}")
+        else:
+            out.append(chr(typ))
+    return out
+
+
+def _portal_runs(dsn: str, sql: str, rows_sql: str | None = None) -> list[list[str]]:
+    """Bind ``sql`` to portal p and execute it with row limits, as pgjdbc's fetch size does,
+    then once more; again in an explicit transaction across Syncs; then p after its
+    transaction ended."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    c = RawClient("127.0.0.1", int(str(info["port"])))
+    try:
+        c.startup(str(info["user"]), str(info["dbname"]))
+        run = (codec.encode_parse("", sql) + codec.encode_bind(Bind("p", "", (), (), ()))
+               + codec.encode_execute("p", 2) + codec.encode_execute("p", 2)
+               + codec.encode_execute("p", 0) + codec.encode_execute("p", 0)
+               + codec.encode_sync())
+        c.send(run)
+        out = [_trace(c.until_ready())]
+        c.send(codec.encode_execute("p", 0) + codec.encode_sync())   # gone with its txn
+        out.append(_trace(c.until_ready()))
+        c.send(codec.encode_query("BEGIN"))
+        c.until_ready()
+        c.send(codec.encode_parse("", sql) + codec.encode_bind(Bind("p", "", (), (), ()))
+               + codec.encode_execute("p", 3) + codec.encode_sync())
+        out.append(_trace(c.until_ready()))
+        c.send(codec.encode_execute("p", 0) + codec.encode_sync())   # kept across the Sync
+        out.append(_trace(c.until_ready()))
+        c.send(codec.encode_query("COMMIT"))
+        c.until_ready()
+        c.send(codec.encode_execute("p", 0) + codec.encode_sync())
+        out.append(_trace(c.until_ready()))
+    finally:
+        c.close()
+    return out
+
+
+def test_imp_portals_follow_row_limits_as_postgresql_portals_do(adsn: str,
+                                                                db_dsn: str) -> None:
+    """An IMP statement's portal executed with a row limit (``Execute(max_rows)``: pgjdbc's
+    ``setFetchSize`` in a transaction) sends that many rows and PortalSuspended, the rest on
+    the next Execute with ``SELECT n`` counting its own rows, and nothing more after that
+    (``SELECT 0``); a statement without rows run twice fails with 55000; the portal is gone
+    when its transaction ends. Each as PostgreSQL does for a SELECT of as many rows and for
+    a SET (the proxy answered every Execute with every row, and ran the statement again)."""
+    with psycopg.connect(adsn, autocommit=True) as c:
+        rows = len(c.execute("IMP SHOW STATS").fetchall())
+    assert rows > 5
+    same_rows = f"SELECT * FROM generate_series(1, {rows})"
+    assert _portal_runs(adsn, "IMP SHOW STATS") == _portal_runs(db_dsn, same_rows)
+    no_rows = _portal_runs(adsn, "IMP SET enabled = on")
+    assert no_rows == [[t.replace("SET", "IMP SET") if t == "C SET" else t for t in run]
+                       for run in _portal_runs(db_dsn, "SET work_mem = '8MB'")]
+    assert no_rows[0] == ["1", "2", "C IMP SET", 'E 55000 portal "p" cannot be run', "Z"]
