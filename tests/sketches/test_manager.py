@@ -123,12 +123,12 @@ def test_imp_set_refuses_values_that_stop_the_work(name: str) -> None:
     """``IMP SET state_interval = nan`` was taken (``nan <= 0`` is false) and the background's
     ``elapsed >= nan`` was never true: no state saved, no audit row collected, no sketch
     evicted again; ``fragments = 0`` made every capture fail (found by a documentation
-    search in session 28). Refused now, as ``idle_evict_after = nan`` was, and the setting
-    keeps its value."""
+    search in session 28; ``inf`` too, found by the regression search after it). Refused now,
+    as ``idle_evict_after = nan`` was, and the setting keeps its value."""
     m = SketchManager(SketchSettings(persist=False))
     try:
         before = getattr(m.settings, name)
-        for bad in (["nan", "-1"] if name != "fragments" else ["0", "-1"]):
+        for bad in (["nan", "inf", "-1"] if name != "fragments" else ["0", "-1"]):
             with pytest.raises(ValueError):
                 m.configure(name, bad)
         assert getattr(m.settings, name) == before
