@@ -7,53 +7,23 @@ answers exact."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
 
-import pg_extensions
-from sketches.manager import SketchManager, SketchSettings
+from sketches.manager import SketchManager
+from tests.sketches.test_background_builds import COLS, ROWS, conn, db, manager, q
 from tests.sketches.test_manager_ivm import check, fresh_table
+
+__all__ = ["conn", "db"]   # the fixtures, shared with the background builds' tests
 
 Conn = psycopg.Connection[Any]
 
-ROWS = "SELECT i, i % 40, (i * 7) % 50, (i * 13) % 97 FROM generate_series(1, 4000) i"
-COLS = "id int PRIMARY KEY, g int, v int, w int"
 HIGH = (2850,)   # groups 7, 17, 27, 37 only
 
 # group 0 reaches the threshold only through these rows
 GROUP0 = "INSERT INTO {t} SELECT 910000 + i, 0, 49, 1 FROM generate_series(1, 30) i"
-
-
-def q(table: str) -> str:
-    return (f"SELECT g, count(*), sum(v), max(w) FROM {table} GROUP BY g"  # noqa: S608
-            " HAVING sum(v) > $1")
-
-
-@pytest.fixture(scope="module")
-def db(db_dsn: str) -> Iterator[str]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        pg_extensions.install(c)
-    yield db_dsn
-
-
-@pytest.fixture
-def conn(db: str) -> Iterator[Conn]:
-    with psycopg.connect(db, autocommit=True) as c:
-        yield c
-
-
-@contextmanager
-def manager(conn: Conn, **settings: Any) -> Iterator[SketchManager]:
-    m = SketchManager(SketchSettings(**{"fragments": 10, "strategy": "lazy", **settings}))
-    try:
-        yield m
-    finally:
-        m.drop_all(conn)
-        m.close()
 
 
 def plain_table(conn: Conn, name: str) -> None:
