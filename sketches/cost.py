@@ -90,6 +90,14 @@ def estimate(conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]],
 def plan_cost(conn: psycopg.Connection[Any], query: str,
               params: Sequence[object] | None = None) -> float | None:
     """Total cost of ``query``'s plan, or None when EXPLAIN fails (never raises)."""
+    plan = top_plan(conn, query, params)
+    return None if plan is None else float(plan["Total Cost"])
+
+
+def top_plan(conn: psycopg.Connection[Any], query: str,
+             params: Sequence[object] | None = None) -> dict[str, Any] | None:
+    """The top node of ``query``'s plan (``$n`` parameters bound from ``params``), planned in
+    a savepoint, not run; None when EXPLAIN fails (never raises)."""
     try:
         with conn.transaction(), psycopg.RawCursor(conn) as cur:
             cur.execute("EXPLAIN (FORMAT JSON) " + query, list(params) if params else None)
@@ -100,7 +108,7 @@ def plan_cost(conn: psycopg.Connection[Any], query: str,
     if row is None:
         return None
     doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return float(doc[0]["Plan"]["Total Cost"])
+    return dict(doc[0]["Plan"])
 
 
 def choose(settings: CostSettings, est: Estimate | None, spark_ready: bool,

@@ -26,7 +26,6 @@ half-updated: the pipeline marks itself broken and later calls raise :class:`Pip
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from sketches import deltas
+from sketches import cost, deltas
 from sketches.ivm import collector, partials
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import (
@@ -465,16 +464,8 @@ class Pipeline:
             return None
         query = self._grouped_sql([_raw(g) for g in self.spec.group_sql],
                                   self._frag_cols(self._all()), [])
-        try:
-            with conn.transaction():
-                row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query).fetchone()
-        except psycopg.Error as exc:
-            log.debug("the state's size could not be estimated: %s", exc)
-            return None
-        plan = row[0] if row is not None else None
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        return float(plan[0]["Plan"]["Plan Rows"]) if plan else None
+        plan = cost.top_plan(conn, query.as_string(conn))
+        return None if plan is None else float(plan["Plan Rows"])
 
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
         agg, spec = self.aggregate, self.spec
