@@ -234,8 +234,8 @@ class Background(threading.Thread):
                 pipeline = entry.pipeline
                 if pipeline is None or pipeline.version is None or pipeline.broken:
                     continue
-                if m.strategy_of(entry) not in ("lazy", "eager"):   # e.g. IMP SET strategy
-                    m.give_up_state(entry)                          # = recapture, globally
+                if not m.kept_by_engine(entry):   # e.g. IMP SET strategy = recapture, globally
+                    m.give_up_state(entry)
                     continue
                 if entry.dirty and m.settings.persist and due:
                     if m.worth_saving(conn, entry):

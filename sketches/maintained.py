@@ -233,6 +233,10 @@ class IncrementalMaintenance:
             return "recapture"
         return entry.strategy or self.settings.strategy
 
+    def kept_by_engine(self, entry: Entry) -> bool:
+        """Whether ``entry`` is kept by the engine (lazy or eager), not by recapture."""
+        return self.strategy_of(entry) in ("lazy", "eager")
+
     def _refresh(self, conn: psycopg.Connection[Any], entry: Entry,
                  request: MaintenanceRequest, snapshot: str | None = None,
                  tmpl: Template | None = None) -> Sketch | str | None:
@@ -241,7 +245,7 @@ class IncrementalMaintenance:
         snapshot when conn is in a REPEATABLE READ / SERIALIZABLE transaction (every later
         statement of it, the instrumented query's included, sees exactly that), else None.
         ``tmpl``: the entry's template (its lock held), whose pipelines a new state may share."""
-        if self.strategy_of(entry) not in ("lazy", "eager"):
+        if not self.kept_by_engine(entry):
             return self.maintenance.refresh(conn, entry.sketch, request)
         if entry.pipeline is None and not self._attach(conn, entry, tmpl):
             if entry.building:
@@ -422,7 +426,7 @@ class IncrementalMaintenance:
         with tmpl.lock:
             wanted = entry in tmpl.entries and entry.pipeline is None \
                 and entry.ivm_off is None and capture_targets(entry.sketch) == targets \
-                and self.strategy_of(entry) in ("lazy", "eager")
+                and self.kept_by_engine(entry)
             if wanted:
                 entry.pipeline = pipeline
                 entry.captures += 1
@@ -669,7 +673,7 @@ class IncrementalMaintenance:
             shared = other.pipeline
             if shared is None or other.relations != entry.relations \
                     or not shared.shares_with(pipeline.spec) \
-                    or self.strategy_of(other) not in ("lazy", "eager"):
+                    or not self.kept_by_engine(other):
                 continue
             if not isinstance(self._maintain(conn, other), Sketch):
                 continue
