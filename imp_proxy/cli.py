@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a client that has not completed startup and authentication "
                             "within this time gets a FATAL error and is disconnected "
                             "(default 60, like PostgreSQL's authentication_timeout)")
+    serve.add_argument("--batch-wait", type=float, metavar="SECONDS",
+                       help="how long a sketchable extended-protocol batch that arrives in "
+                            "pieces waits, between two of its messages, for the rest before "
+                            "it goes on unwrapped (default 0.01; 0: never)")
 
     install = sub.add_parser("install", help="install the pg_extensions SQL into a database",
                              description="Apply pg_extensions (schema imp) to a database, "
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("listen", "upstream", "config", "data_dir", "tls_cert", "tls_key",
             "max_message_size", "sketches", "service_pool_size", "decision_cache_size",
-            "connect_timeout", "startup_timeout", "library", "heavy_backend")
+            "connect_timeout", "startup_timeout", "batch_wait", "library", "heavy_backend")
     return {k: getattr(args, k, None) for k in keys}
 
 

@@ -14,6 +14,8 @@ reads ``IMP_SPARK_MASTER``, ``IMP_SPARK_CONF``, ``IMP_SPARK_JDBC_JAR``, ``IMP_SP
     decision_cache_size = 10000 # route decisions cached per query text
     connect_timeout = 10.0
     startup_timeout = 60.0      # a client must finish startup/auth within this (seconds)
+    batch_wait = 0.01           # seconds a sketchable batch read in pieces waits between two
+                                # of its messages for the rest (0: never)
     heavy_backend = "auto"      # where heavy sketch jobs run: auto | postgres | spark
     [library]                   # fields of sketches.manager.SketchSettings
     capture_after = 1           # capture on the N-th execution of a template
@@ -104,6 +106,7 @@ class ProxyConfig:
     decision_cache_size: int = 10000
     connect_timeout: float = 10.0
     startup_timeout: float = 60.0        # PostgreSQL's authentication_timeout default
+    batch_wait: float = 0.01             # a batch read in pieces: intercept.batch_wanted
     library: tuple[tuple[str, str], ...] = ()  # SketchSettings overrides (name, value)
     heavy_backend: str = "auto"          # sketches.cost.MODES: auto | postgres | spark
     spark: tuple[tuple[str, str], ...] = ()    # the [spark] table, flattened (name, value)
@@ -226,6 +229,13 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             t = float(value)
             if not math.isfinite(t) or t <= 0:
                 raise ValueError("must be a positive number of seconds")
+            return t
+        if key == "batch_wait":
+            if isinstance(value, bool):
+                raise ValueError("must be a number of seconds")
+            t = float(value)
+            if not math.isfinite(t) or t < 0:
+                raise ValueError("must be a number of seconds, 0 or more")
             return t
         if key == "upstream":
             return _checked_dsn(str(value))

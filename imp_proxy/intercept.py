@@ -144,6 +144,9 @@ class BatchShape:
     end: int                # offset after the Sync in the buffer it was found in
 
 
+_SHAPES = (b"PBDES", b"PBES", b"BDES", b"BES")   # the message types of a batch wrapped
+
+
 def batch_shape(data: bytes, pos: int, max_size: int,
                 statements: Mapping[str, tuple[str, tuple[int, ...], int]]
                 ) -> BatchShape | None:
@@ -162,13 +165,14 @@ def batch_shape(data: bytes, pos: int, max_size: int,
         if data[frames[-1][1]] == SYNC:
             break
     kinds = bytes(f[0] for f in frames)
-    if kinds not in (b"PBDES", b"PBES", b"BDES", b"BES"):
+    if kinds not in _SHAPES:
         return None
     raw = {k: bytes(data[s:e]) for k, s, e in frames}
     try:
         parse = codec.decode_parse(raw[PARSE]) if PARSE in raw else None
         bind = codec.decode_bind(raw[BIND])
         execute = codec.decode_execute(raw[EXECUTE])
+        describe = codec.decode_describe(raw[DESCRIBE]) if DESCRIBE in raw else None
     except ProtocolViolation:
         return None  # not wrapped: PostgreSQL answers the malformed message itself
     if execute.max_rows != 0 or execute.portal != bind.portal:
@@ -181,12 +185,36 @@ def batch_shape(data: bytes, pos: int, max_size: int,
         sql, types, _seen = statements[bind.statement]
     else:
         return None
-    if DESCRIBE in raw:
-        d = codec.decode_describe(raw[DESCRIBE])
-        if (d.kind, d.name) not in (("P", bind.portal), ("S", bind.statement)):
-            return None
+    if describe is not None and (describe.kind, describe.name) not in (("P", bind.portal),
+                                                                       ("S", bind.statement)):
+        return None
     return BatchShape(parse, bind, execute, sql, types, raw.get(PARSE, b""),
                       raw.get(DESCRIBE, b""), raw[EXECUTE], raw[SYNC], p)
+
+
+def batch_wanted(data: bytes, pos: int, max_size: int) -> tuple[int, bool]:
+    """``(length, inside)``: how long ``data`` must grow before :func:`batch_shape` can judge
+    the batch starting at ``pos`` (0: it can judge it now), and whether ``data`` ends inside
+    a message. Nonzero while the messages there may still become a wrapped shape.
+
+    Why: a batch that arrived in two reads or more was never wrapped, so the same query was
+    sped up or not by chance (found in session 29: libpq 16 and later send each message of
+    8 kB or more on its own, so psycopg's Parse of a long query often arrived alone; a
+    network splits any batch into segments). Inside a message its sender is still sending,
+    so waiting cannot stall it; between two messages a client may wait for a reply (an
+    error PostgreSQL sends at once): the caller waits there only briefly."""
+    kinds = bytearray()
+    p, n = pos, len(data)
+    while p < n:
+        kinds.append(data[p])
+        if not any(shape.startswith(kinds) for shape in _SHAPES):
+            return 0, False
+        e = frame_end(data, p, max_size)
+        if e < 0:
+            return (p + 5 if p + 5 > n
+                    else p + 1 + int.from_bytes(data[p + 1:p + 5], "big")), True
+        p = e
+    return (n + 1, False) if kinds[-1:] != b"S" else (0, False)
 
 
 # ------------------------------------------------------------------ parameters

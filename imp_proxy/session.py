@@ -124,6 +124,9 @@ class Session(LocalAdmin):
         self.max_message = server.config.max_message_size
         self.phase = Phase.STARTUP
         self.cbuf = bytearray()          # unprocessed client bytes (partial message / held)
+        self.cwant = 0                   # cbuf's length before a batch in it is looked at
+        self._batch_timer: asyncio.TimerHandle | None = None   # batch_wait's
+        self._batch_deadline: float | None = None   # loop time a batch's batch_wait ends
         self.copy_skip = 0               # bytes of a streamed CopyData still to forward
         self.scanner = BoundaryScanner()
         self.reader: MessageReader | None = MessageReader()
@@ -200,6 +203,9 @@ class Session(LocalAdmin):
                 return
             if self.cbuf:
                 self.cbuf += data
+                if len(self.cbuf) < self.cwant:
+                    return  # the rest of a batch that may be wrapped (intercept.batch_wanted)
+                self._stop_waiting()
                 if len(self.cbuf) >= 5 and self.cbuf[0] != COPY_DATA:
                     try:
                         end = declared_end(self.cbuf, 0, self.max_message)
@@ -294,6 +300,11 @@ class Session(LocalAdmin):
                         self._up_write(data[fwd:pos])
                     self.cbuf += data[end:]
                     return
+                elif special == "more":   # the batch from pos on once the rest is here
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    self.cbuf += data[pos:]
+                    return
                 elif special == "local":
                     if fwd < pos:
                         self._up_write(data[fwd:pos])
@@ -352,7 +363,8 @@ class Session(LocalAdmin):
 
     def _extended_special(self, data: bytes, pos: int, end: int) -> str | None:
         """None: forward. "local": answered here. "hold": async local work started.
-        "wrap": the batch starting here is a sketch candidate."""
+        "wrap": the batch starting here is a sketch candidate. "more": it may be one once the
+        rest of its bytes are here."""
         typ = data[pos]
         if self.local_batch:
             return self._local_message(bytes(data[pos:end]))
@@ -391,9 +403,8 @@ class Session(LocalAdmin):
                     return None  # forwarded: PostgreSQL reports the malformed body itself
                 if msg.name:  # a Bind of the unnamed statement alone is never wrapped
                     self._remember_statement(msg.name, msg.sql, msg.param_types)
-                if self.idle and self.scanner.status == _IDLE and self._batch_candidate(
-                        data, pos, msg.sql):
-                    return "wrap"
+                if self.idle and self.scanner.status == _IDLE:
+                    return self._batch_candidate(data, pos, msg.sql)
             return None
         if self.admin_stmts or self.admin_portals:
             if self.admin_portals and self.idle and self.scanner.status == _IDLE:
@@ -410,9 +421,8 @@ class Session(LocalAdmin):
             if known is not None:
                 self.statements.move_to_end(stmt)
                 # a setting changed since its Parse: PostgreSQL keeps what the text meant then
-                if known[2] == self.scanner.parameters and self._batch_candidate(
-                        data, pos, known[0]):
-                    return "wrap"
+                if known[2] == self.scanner.parameters:
+                    return self._batch_candidate(data, pos, known[0])
         if typ == CLOSE and self.statements and data[pos + 5] == ord("S"):
             self._forget_statement(codec.decode_close(bytes(data[pos:end])).name)
         return None
@@ -448,19 +458,56 @@ class Session(LocalAdmin):
         if old is not None:
             self._statement_chars -= len(old[0])
 
-    def _batch_candidate(self, data: bytes, pos: int, sql: str) -> bool:
-        """Is the batch starting at ``pos`` exactly [Parse] Bind [Describe] Execute Sync, all in
-        this chunk, for a statement that may be sketched? (Anything else passes through.)"""
+    def _batch_candidate(self, data: bytes, pos: int, sql: str) -> str | None:
+        """"wrap" when the batch starting at ``pos`` is exactly [Parse] Bind [Describe] Execute
+        Sync, all in this chunk, for a statement that may be sketched; "more" when this chunk
+        ends in what may still become one (:func:`intercept.batch_wanted`; the length wanted
+        then in ``cwant``, and between two messages a ``batch_wait`` timer); else None (it
+        passes through)."""
         if not prefilter(sql.encode()):
-            return False
+            return None
         cached = self.router.cached(sql)
         if cached is not None and not cached.candidate:
-            return False
+            return None
         shape = intercept.batch_shape(data, pos, self.max_message, self.statements)
-        if shape is None:
-            return False
-        self._shape = shape
-        return True
+        if shape is not None:
+            self._batch_deadline = None
+            self._shape = shape
+            return "wrap"
+        wanted, inside = intercept.batch_wanted(data, pos, self.max_message)
+        if wanted and not inside:   # one batch_wait per batch, however many gaps it has
+            now = self.loop.time()
+            if self._batch_deadline is None:
+                self._batch_deadline = now + self.server.config.batch_wait
+            left = self._batch_deadline - now
+            if left > 0:
+                self._batch_timer = self.loop.call_later(left, self._waited_enough)
+            else:
+                wanted = 0
+        if not wanted:
+            self._batch_deadline = None
+            return None
+        self.cwant = wanted - pos
+        return "more"
+
+    def _waited_enough(self) -> None:
+        """``batch_wait`` (configuration) passed without the rest of a batch whose bytes ended
+        between two messages: it goes on as it is, unwrapped. (A batch whose bytes end inside
+        a message waits for the rest as long as it takes: its sender is still sending.)"""
+        self._batch_timer = None
+        if self.phase is not Phase.READY or self.hold or not self.cwant or not self.cbuf:
+            return
+        self.cwant = 0
+        self._batch_deadline = 0.0   # passed, whatever the clock's resolution
+        data = bytes(self.cbuf)
+        self.cbuf.clear()
+        self._process(data)
+
+    def _stop_waiting(self) -> None:
+        self.cwant = 0
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
 
     # ---- statements that need a database to themselves (imp_proxy.databases)
 
@@ -824,6 +871,7 @@ class Session(LocalAdmin):
             self.client.close()
             return
         self._cancel_startup_timer()
+        self._stop_waiting()
         busy = self.phase is Phase.READY and (self.pending > 0 or self.hold or self.batch_open)
         self.phase = Phase.CLOSED
         self.client.close()

@@ -366,6 +366,14 @@ def test_non_finite_timeouts(admin_dsn: str, flag: str, value: str) -> None:
     assert "positive number of seconds" in res.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.5"])
+def test_batch_wait_must_be_a_finite_number_of_seconds(admin_dsn: str, value: str) -> None:
+    res = run("serve", "--listen", "127.0.0.1:0", "--upstream", admin_dsn, "--no-sketches",
+              "--batch-wait", value, timeout=30)
+    one_line_error(res)
+    assert "number of seconds, 0 or more" in res.stderr
+
+
 def _wait_output(proc: subprocess.Popen[str], log: Path, needle: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

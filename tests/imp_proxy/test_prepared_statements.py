@@ -8,6 +8,10 @@ SQL (a failed or skipped Parse) or none (DEALLOCATE, DISCARD ALL, a simple Query
 
 from __future__ import annotations
 
+import itertools
+import socket
+import time
+
 import psycopg
 import pytest
 
@@ -16,6 +20,7 @@ from imp_proxy.protocol import codec
 from imp_proxy.protocol.messages import Bind
 from imp_proxy.session import MAX_STATEMENT_CHARS, MAX_STATEMENT_RECORDS
 
+from .conftest import StartProxy, via_proxy
 from .rawclient import RawClient
 from .test_sketch_manager import (  # noqa: F401  (fixtures)
     ldsn,
@@ -31,7 +36,9 @@ Q_ALL = Q.replace("count(*) > 150", "count(*) > 50")
 QP = Q.replace("count(*) > 150", "count(*) > $1")
 
 Msgs = list[tuple[int, bytes]]
-Step = tuple[bytes, int]   # client messages, and how many ReadyForQuery they are answered by
+# client messages (a tuple: written in pieces, a pause between two), and how many
+# ReadyForQuery they are answered by
+Step = tuple[bytes | tuple[bytes, ...], int]
 
 SYNC = codec.encode_sync()
 
@@ -81,6 +88,10 @@ def _client(dsn: str) -> RawClient:
     return c
 
 
+PAUSE = 0.05
+"""Between two pieces of a step: long enough for the proxy to read the first alone."""
+
+
 def _until(c: RawClient, readies: int) -> Msgs:
     out: Msgs = []
     while readies:
@@ -95,9 +106,13 @@ def _run(dsn: str, steps: list[Step]) -> list[Msgs]:
     """Each step's replies, on a new connection."""
     c = _client(dsn)
     try:
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         out = []
         for data, readies in steps:
-            c.send(data)
+            for i, piece in enumerate((data,) if isinstance(data, bytes) else data):
+                if i:
+                    time.sleep(PAUSE)
+                c.send(piece)
             out.append(_until(c, readies))
         return out
     finally:
@@ -299,3 +314,133 @@ def test_a_statement_whose_result_type_changed_gets_postgresqls_error(
               (bind("rt1") + execute() + SYNC, 1), (PREPARED, 1)]
     assert assert_same_stream(env, steps) >= 1
     assert _run(env[1], steps)[-2][0][0] == ord("E")
+
+
+# ------------------------------------------------------------------ a batch in pieces
+
+def _split(data: bytes, *at: int) -> tuple[bytes, ...]:
+    cuts = (0, *at, len(data))
+    return tuple(data[a:b] for a, b in itertools.pairwise(cuts))
+
+
+@pytest.mark.parametrize("where", ["in the parse", "in the bind", "in a header",
+                                   "in the sync", "three pieces"])
+def test_a_batch_read_in_pieces_is_wrapped(env: tuple[str, str], where: str) -> None:
+    """A batch that reached the proxy in two reads or more was never wrapped: its Parse was
+    looked at before the rest was there (found in session 29: a batch of 300 kB, more than
+    one read of the proxy, and any batch a network splits into segments, so a query was
+    sped up or not by chance). Now the proxy waits for the rest of a message it has begun
+    to read, when the batch may still become one it wraps."""
+    batch = parse("", Q) + bind("") + describe("P", "") + execute() + SYNC
+    alone = bind("pc") + execute() + SYNC   # a named statement's batch without its Parse
+    p, b, b2 = len(parse("", Q)), len(bind("")), len(bind("pc"))
+    at, at_alone = {"in the parse": ((p // 2,), (3,)),
+                    "in the bind": ((p + b // 2,), (b2 // 2,)),
+                    "in a header": ((p + b + 2,), (b2 + 2,)),
+                    "in the sync": ((len(batch) - 1,), (len(alone) - 1,)),
+                    "three pieces": ((7, p + 3), (2, b2 + 1))}[where]
+    steps: list[Step] = [(_split(batch, *at), 1), (parse("pc", Q) + SYNC, 1),
+                         (_split(alone, *at_alone), 1)]
+    assert assert_same_stream(env, steps) == 2
+
+
+def test_a_client_waiting_between_two_messages_gets_its_reply(env: tuple[str, str]) -> None:
+    """A client may send a Parse without a Sync or Flush and wait for its error, which
+    PostgreSQL sends at once: bytes that end with a whole message of a batch the proxy may
+    wrap wait for the rest only ``--batch-wait`` (10 ms), then go on as they are."""
+    bad = Q.replace("FROM ps", "FROM ps_missing")
+    proxy_dsn, direct_dsn = env
+    for dsn in (direct_dsn, proxy_dsn):
+        c = _client(dsn)
+        try:
+            c.send(parse("", bad))
+            assert c.readable(10), "no reply to the Parse"
+            m = c.read()
+            assert m is not None and m[0] == ord("E")
+            assert codec.decode_error_fields(m[1]).sqlstate == "42P01"
+            c.send(SYNC)
+            assert _until(c, 1)[-1][0] == ord("Z")
+        finally:
+            c.close()
+
+
+@pytest.fixture(scope="module")
+def patient_env(env: tuple[str, str], start_proxy: StartProxy, db_dsn: str) -> tuple[str, str]:
+    """``env`` through a proxy that waits 1 s (``--batch-wait``) between two messages of a
+    batch it may wrap: 20 times a test's pause between the pieces."""
+    proxy = start_proxy("--batch-wait", "1", hook="sketches.manager:SketchManager")
+    return via_proxy(db_dsn, proxy.port), env[1]
+
+
+@pytest.mark.parametrize("where", ["after the parse", "after the bind", "after the describe"])
+def test_a_batch_read_in_whole_messages_is_wrapped(patient_env: tuple[str, str],
+                                                   where: str) -> None:
+    """libpq 16 and later send each message of 8 kB or more on its own: psycopg's Parse of
+    a long query often reached the proxy alone, and its batch passed through (found in
+    session 29). Bytes that end between two messages of a batch the proxy may wrap wait up
+    to ``--batch-wait`` for the rest."""
+    batch = parse("", Q) + bind("") + describe("P", "") + execute() + SYNC
+    alone = bind("pb") + describe("P", "") + execute() + SYNC
+    p, b, b2, d = len(parse("", Q)), len(bind("")), len(bind("pb")), len(describe("P", ""))
+    at, at_alone = {"after the parse": (p, b2), "after the bind": (p + b, b2),
+                    "after the describe": (p + b + d, b2 + d)}[where]
+    steps: list[Step] = [(_split(batch, at), 1), (parse("pb", Q) + SYNC, 1),
+                         (_split(alone, at_alone), 1)]
+    assert assert_same_stream(patient_env, steps) == 2
+
+
+def _first_reply(c: RawClient, pieces: tuple[bytes, ...], gap: float) -> float:
+    """Sends ``pieces`` ``gap`` s apart, watching for a reply meanwhile; seconds from the
+    first piece to the first reply (the rest of the pieces are not sent after it)."""
+    t0 = time.monotonic()
+    for piece in pieces:
+        c.send(piece)
+        if c.readable(gap):
+            return time.monotonic() - t0
+    assert c.readable(10), "no reply"
+    return time.monotonic() - t0
+
+
+def test_batch_wait_bounds_the_batch_not_each_gap(patient_env: tuple[str, str]) -> None:
+    """The wait between two messages ran anew at every message: a Parse that fails, then a
+    Bind and a Describe 0.6 s apart each, got its error after up to 2.5 s with a wait of 1 s
+    (found by a regression search in session 29: 35 ms at 10 ms, messages 8 ms apart). One
+    wait per batch: the error comes about 1 s after the Parse (PostgreSQL's at once)."""
+    c = _client(patient_env[0])
+    try:
+        pieces = (parse("", Q.replace("FROM ps", "FROM ps_missing")), bind(""),
+                  describe("P", ""), execute())
+        took = _first_reply(c, pieces, 0.6)
+        m = c.read()
+        assert m is not None and m[0] == ord("E"), m
+        assert took < 1.9, f"the error came {took:.2f} s after the Parse (batch wait 1 s)"
+    finally:
+        c.close()
+
+
+def test_a_malformed_describe_gets_postgresqls_error(env: tuple[str, str]) -> None:
+    """A batch whose Describe has an unknown kind ended the session with the proxy's FATAL;
+    PostgreSQL answers an ERROR and the session goes on (found by the regression search of
+    session 29: read in pieces, such a batch now reaches the shape check, where one read in
+    one piece did before)."""
+    bad = b"D" + (6).to_bytes(4, "big") + b"X\x00"
+    batch = parse("", Q) + bind("") + bad + execute() + SYNC
+    for data in (batch, _split(batch, len(parse("", Q)))):
+        assert_same_stream(env, [(data, 1), (query("SELECT 1"), 1)])
+
+
+@pytest.fixture(scope="module")
+def hasty_env(env: tuple[str, str], start_proxy: StartProxy, db_dsn: str) -> tuple[str, str]:
+    """``env`` through a proxy that never waits between two messages (``--batch-wait 0``)."""
+    proxy = start_proxy("--batch-wait", "0", hook="sketches.manager:SketchManager")
+    return via_proxy(db_dsn, proxy.port), env[1]
+
+
+def test_no_batch_wait_leaves_no_wait_behind(hasty_env: tuple[str, str]) -> None:
+    """With ``--batch-wait 0`` a batch that ended between two messages went on, but left the
+    length it wanted behind: a later simple Query read in two pieces was held for bytes
+    that never came (found by the regression search of session 29)."""
+    batch = parse("", Q) + bind("") + describe("P", "") + execute() + SYNC
+    p, b = len(parse("", Q)), len(bind(""))
+    steps: list[Step] = [(_split(batch, p + b), 1), (_split(query("SELECT 1"), 3), 1)]
+    assert assert_same_stream(hasty_env, steps) == 0
