@@ -16,7 +16,6 @@ import json
 import logging
 import re
 import secrets
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -43,7 +42,7 @@ from .protocol._struct import FLOAT8 as FLOAT8_BYTES
 from .protocol._struct import INT16 as INT16_BYTES
 from .protocol._struct import INT32 as INT32_BYTES
 from .protocol._struct import INT64 as INT64_BYTES
-from .protocol._struct import unpack_uint16_from
+from .protocol._struct import unpack_array_from, unpack_uint16_from
 from .protocol.framing import ProtocolViolation, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
@@ -308,8 +307,7 @@ def pg_bool(text: str) -> bool:
 def _parameter_types(msg: bytes) -> tuple[int, ...]:
     """A ParameterDescription's types; its count is unsigned, as PostgreSQL sends it (found:
     32,768 or more parameters read as a negative count ended the session)."""
-    n = unpack_uint16_from(msg, 5)[0]
-    return tuple(struct.unpack_from(f"!{n}I", msg, 7)) if n else ()
+    return unpack_array_from("I", msg, 7, unpack_uint16_from(msg, 5)[0])
 
 
 # ------------------------------------------------------------------ snapshot + prepare

@@ -32,3 +32,15 @@ unpack_int16_from = INT16.unpack_from
 unpack_uint16_from = UINT16.unpack_from
 unpack_int32_from = INT32.unpack_from
 unpack_uint32_from = UINT32.unpack_from
+
+
+def unpack_array_from(code: str, buf: bytes | bytearray | memoryview, pos: int,
+                      n: int) -> tuple[int, ...]:
+    """``n`` network-order integers of struct ``code`` (``h``, ``I``, …) at ``pos``: one
+    call, not one per value (a Parse or Bind of 65535 parameters)."""
+    return struct.unpack_from(f"!{n}{code}", buf, pos) if n else ()
+
+
+def pack_array(code: str, values: tuple[int, ...] | list[int]) -> bytes:
+    """``values`` as network-order integers of struct ``code``, in one call."""
+    return struct.pack(f"!{len(values)}{code}", *values) if values else b""

@@ -16,10 +16,10 @@ from ._struct import (
     HEADER,
     KEY_DATA,
     STARTUP_HEADER,
-    pack_int16,
+    pack_array,
     pack_int32,
     pack_uint16,
-    unpack_int16_from,
+    unpack_array_from,
     unpack_int32_from,
     unpack_uint16_from,
 )
@@ -110,7 +110,7 @@ def decode_parse(msg: bytes) -> Parse:
     pos += 2
     if pos + 4 * n != len(msg):
         raise ProtocolViolation("invalid parameter count in Parse")
-    types = tuple(int.from_bytes(msg[pos + 4 * i:pos + 4 * i + 4], "big") for i in range(n))
+    types = unpack_array_from("I", msg, pos, n)
     return Parse(name, sql, types)
 
 
@@ -126,7 +126,7 @@ def decode_bind(msg: bytes) -> Bind:
         stmt, pos = read_cstring(msg, pos)
         nf = unpack_uint16_from(msg, pos)[0]
         pos += 2
-        formats = tuple(unpack_int16_from(msg, pos + 2 * i)[0] for i in range(nf))
+        formats = unpack_array_from("h", msg, pos, nf)
         pos += 2 * nf
         np_ = unpack_uint16_from(msg, pos)[0]
         pos += 2
@@ -143,7 +143,7 @@ def decode_bind(msg: bytes) -> Bind:
                 pos += ln
         nr = unpack_uint16_from(msg, pos)[0]
         pos += 2
-        rformats = tuple(unpack_int16_from(msg, pos + 2 * i)[0] for i in range(nr))
+        rformats = unpack_array_from("h", msg, pos, nr)
         pos += 2 * nr
     except struct.error as exc:  # a truncated body
         raise ProtocolViolation(f"malformed Bind message: {exc}") from exc
@@ -189,13 +189,13 @@ def encode_query(sql: str) -> bytes:
 
 def encode_parse(name: str, sql: str, param_types: Sequence[int] = ()) -> bytes:
     body = _cstr(name) + _cstr(sql) + pack_uint16(len(param_types))
-    body += b"".join(int(t).to_bytes(4, "big") for t in param_types)
+    body += pack_array("I", [int(t) for t in param_types])
     return _message(b"P", body)
 
 
 def encode_bind(bind: Bind) -> bytes:
     parts = [_cstr(bind.portal), _cstr(bind.statement), pack_uint16(len(bind.param_formats))]
-    parts += [pack_int16(f) for f in bind.param_formats]
+    parts.append(pack_array("h", list(bind.param_formats)))
     parts.append(pack_uint16(len(bind.params)))
     for p in bind.params:
         if p is None:
@@ -204,7 +204,7 @@ def encode_bind(bind: Bind) -> bytes:
             parts.append(pack_int32(len(p)))
             parts.append(p)
     parts.append(pack_uint16(len(bind.result_formats)))
-    parts += [pack_int16(f) for f in bind.result_formats]
+    parts.append(pack_array("h", list(bind.result_formats)))
     return _message(b"B", b"".join(parts))
 
 
@@ -385,7 +385,7 @@ def encode_command_complete(tag: str) -> bytes:
 
 def encode_parameter_description(type_oids: Sequence[int]) -> bytes:
     return _message(b"t", pack_uint16(len(type_oids))
-                    + b"".join(int(t).to_bytes(4, "big") for t in type_oids))
+                    + pack_array("I", [int(t) for t in type_oids]))
 
 
 def parse_complete() -> bytes:

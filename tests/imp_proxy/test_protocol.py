@@ -139,6 +139,10 @@ def test_counts_are_unsigned_up_to_65535() -> None:
     search in session 26: 32,768 parameters read as a negative count ended the session)."""
     bind = Bind("", "", (), tuple(b"7" for _ in range(40000)), ())
     assert codec.decode_bind(codec.encode_bind(bind)) == bind
+    binary = Bind("", "s", (1,) * 40000, (b"\x00\x00\x00\x07",) * 40000, (1, 0, -1))
+    assert codec.decode_bind(codec.encode_bind(binary)) == binary
+    assert codec.decode_parse(codec.encode_parse("", "SELECT 1", (2**32 - 1, 0))
+                              ).param_types == (2**32 - 1, 0)
     types = (23,) * 65535
     assert codec.decode_parse(codec.encode_parse("", "SELECT 1", types)).param_types == types
     described = codec.encode_parameter_description(types)
