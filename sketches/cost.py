@@ -98,6 +98,14 @@ def top_plan(conn: psycopg.Connection[Any], query: str,
              params: Sequence[object] | None = None) -> dict[str, Any] | None:
     """The top node of ``query``'s plan (``$n`` parameters bound from ``params``), planned in
     a savepoint, not run; None when EXPLAIN fails (never raises)."""
+    doc = explain(conn, query, params)
+    return None if doc is None else dict(doc["Plan"])
+
+
+def explain(conn: psycopg.Connection[Any], query: str,
+            params: Sequence[object] | None = None) -> dict[str, Any] | None:
+    """``EXPLAIN (FORMAT JSON)`` of ``query`` as :func:`top_plan` plans it: ``Plan`` and, when
+    PostgreSQL would compile the plan, ``JIT``."""
     try:
         with conn.transaction(), psycopg.RawCursor(conn) as cur:
             cur.execute("EXPLAIN (FORMAT JSON) " + query, list(params) if params else None)
@@ -108,7 +116,7 @@ def top_plan(conn: psycopg.Connection[Any], query: str,
     if row is None:
         return None
     doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return dict(doc[0]["Plan"])
+    return dict(doc[0])
 
 
 def choose(settings: CostSettings, est: Estimate | None, spark_ready: bool,

@@ -85,6 +85,7 @@ from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.grammar import reads_the_clock
 from sketches.sql.template import TemplateInstance, instance, reusable
+from sketches.worth import compare as compare_plans
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class SketchSettings:
     """``fragments``: fragments per range partition; ``capture_after``: capture on the N-th
     execution of a template (1 = first sight); ``max_coverage``: do not instrument when a
     sketch covers more than this fraction of its fragments (1.0: only when it covers all);
+    ``compare_cost``: do not instrument where PostgreSQL plans the instrumented query far
+    costlier than the original, or JIT-compiles it where not the original
+    (:mod:`sketches.worth`; off: wherever the sketch skips a fragment);
     ``persist``: store partitions and sketches in schema ``imp``; ``strategy``: how new and
     loaded sketches are kept up to date (``lazy`` | ``eager`` | ``recapture``, see
     docs/MAINTENANCE.md); ``batch_size`` / ``batch_interval`` (s): the eager trigger policies
@@ -146,6 +150,7 @@ class SketchSettings:
     sketches_kept_per_template: int = 64
     own_sketch_min_coverage: float = 0.02
     max_coverage: float = 1.0
+    compare_cost: bool = True
     classify_cache_size: int = 4096
     persist: bool = True
     strategy: str = "lazy"
@@ -179,6 +184,11 @@ class SketchSettings:
             raise ValueError("idle_evict_after must be >= 0 (0: never)")
         if self.max_state_rows < 1:
             raise ValueError("max_state_rows must be >= 1")
+
+
+COSTLIER = ("its filter makes the plan far costlier than the query's, or JIT-compiled:"
+            " original forwarded")
+"""Why a sketch that skips fragments is not used (:mod:`sketches.worth`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +267,7 @@ class SketchManager(IncrementalMaintenance):
         self._txn = threading.local()
         self._stats: Counter[str] = Counter()
         self._answers = Answers(self.settings.classify_cache_size)
+        self._verdicts: Lru[tuple[object, ...], bool] = Lru(self.settings.classify_cache_size)
         self._evicted: dict[int, float] = {}
         """Ids of sketches evicted from memory whose catalog rows the background thread has
         yet to invalidate (:meth:`unpersist_evicted`), with when they were queued."""
@@ -640,7 +651,7 @@ class SketchManager(IncrementalMaintenance):
                 entry.sketch = refreshed
                 entry.instrumented.clear()
             self._note_use(entry)
-            prepared = self._finish("use", sql, entry)
+            prepared = self._finish("use", sql, entry, conn, params)
             self._remember(key, snapshot, tmpl, entry, inst, free)
             return prepared
         if not tmpl.entries and tmpl.seen < self.settings.capture_after:
@@ -657,7 +668,7 @@ class SketchManager(IncrementalMaintenance):
         tmpl.entries.insert(0, entry)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
-        return self._finish("capture", sql, entry)
+        return self._finish("capture", sql, entry, conn, params)
 
     def _relations(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
                    search_path: str | None, snapshot: str | None) -> lookup.Relations:
@@ -860,7 +871,12 @@ class SketchManager(IncrementalMaintenance):
             self._analysed.put(key, result)
         return result
 
-    def _finish(self, decision: str, sql: str, entry: _Entry) -> Prepared:
+    def _finish(self, decision: str, sql: str, entry: _Entry,
+                conn: psycopg.Connection[Any] | None = None,
+                params: Sequence[object] | None = None) -> Prepared:
+        """The answer for ``sql`` with ``entry``'s sketch. ``conn`` (in the query's snapshot)
+        plans a text not instrumented before with this sketch, with ``params``
+        (``compare_cost``); without it the text must have been (the answer from memory)."""
         sketch = entry.sketch
         worst = max(p.coverage for p in sketch.parts)
         if sketch.covers_all:
@@ -872,10 +888,36 @@ class SketchManager(IncrementalMaintenance):
             text = entry.instrumented.get(sql)
         else:
             text = instrument(sql, sketch.parts)
+            if text is not None and conn is not None and not self._pays(conn, sql, text,
+                                                                        params):
+                text = None
             entry.remember_instrumented(sql, text)
         summary = ", ".join(f"{p.table.alias}.{p.column} {len(p.fragments)}/"
                             f"{p.partition.fragment_count}" for p in sketch.parts)
+        if text is None:
+            return Prepared(decision, f"sketch {summary}: {COSTLIER}", sketch.id, None)
         return Prepared(decision, f"sketch {summary}", sketch.id, text)
+
+    def _pays(self, conn: psycopg.Connection[Any], sql: str, text: str,
+              params: Sequence[object] | None) -> bool:
+        """Does PostgreSQL plan ``text`` cheaper than ``sql``? Remembered per instrumented
+        text and parameters: a maintenance that leaves the fragments as they were keeps the
+        text, and is not planned twice again."""
+        if not self.settings.compare_cost:
+            return True
+        qk = query_key(text, params)
+        with self._lock:
+            known = self._verdicts.get(qk) if qk is not None else None
+        if known is not None:
+            return known
+        verdict = compare_plans(conn, sql, text, params)
+        if not verdict.pays:
+            self._count("filters_declined")
+            log.info("%s: %s", sql[:200], verdict.reason)
+        if qk is not None:
+            with self._lock:
+                self._verdicts.put(qk, verdict.pays)
+        return verdict.pays
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
