@@ -43,7 +43,7 @@ from .protocol._struct import INT16 as INT16_BYTES
 from .protocol._struct import INT32 as INT32_BYTES
 from .protocol._struct import INT64 as INT64_BYTES
 from .protocol._struct import unpack_array_from, unpack_uint16_from
-from .protocol.framing import ProtocolViolation, frame_end
+from .protocol.framing import ProtocolViolation, declared_end, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
     BIND,
@@ -210,8 +210,8 @@ def batch_wanted(data: bytes, pos: int, max_size: int) -> tuple[int, bool]:
             return 0, False
         e = frame_end(data, p, max_size)
         if e < 0:
-            return (p + 5 if p + 5 > n
-                    else p + 1 + int.from_bytes(data[p + 1:p + 5], "big")), True
+            declared = declared_end(data, p, max_size)
+            return (p + 5 if declared < 0 else declared), True
         p = e
     return (n + 1, False) if kinds[-1:] != b"S" else (0, False)
 

@@ -900,9 +900,10 @@ class SketchManager(IncrementalMaintenance):
 
     def _pays(self, conn: psycopg.Connection[Any], sql: str, text: str,
               params: Sequence[object] | None) -> bool:
-        """Does PostgreSQL plan ``text`` cheaper than ``sql``? Remembered per instrumented
-        text and parameters: a maintenance that leaves the fragments as they were keeps the
-        text, and is not planned twice again."""
+        """May ``text`` (``sql`` instrumented) be run instead of ``sql``: is it not planned far
+        costlier, nor JIT-compiled where ``sql`` is not (:func:`sketches.worth.compare`)?
+        Remembered per instrumented text and parameters: a maintenance that leaves the
+        fragments as they were keeps the text, and is not planned twice again."""
         if not self.settings.compare_cost:
             return True
         qk = query_key(text, params)
