@@ -328,6 +328,14 @@ class Writer:
         return [(ins, self._val()) for _ in range(2)] + [
             ("UPDATE ft SET g = g + 1 WHERE g = %s", (r.randint(-8, 31),))]
 
+    def _rolled_back(self, ops: list[tuple[str, tuple[Any, ...] | None]]) -> None:
+        """``ops`` in a transaction (a savepoint, inside one) that rolls back: psycopg's
+        transaction block swallows the Rollback raised for it."""
+        with self.d.transaction():
+            for s, p in ops:
+                self.d.execute(s, p)
+            raise psycopg.Rollback()
+
     def step(self) -> str:
         r = self.r
         ops = self.ops()
@@ -348,13 +356,7 @@ class Writer:
             with self.d.transaction():
                 for s, p in ops:
                     self.d.execute(s, p)
-                try:
-                    with self.d.transaction():
-                        for s, p in inner:
-                            self.d.execute(s, p)
-                        raise psycopg.Rollback()
-                except psycopg.Rollback:
-                    pass
+                self._rolled_back(inner)
                 self.d.execute("UPDATE ft SET v = v - 1 WHERE id %% 53 = %s", (r.randint(0, 52),))
             return ("savepoint: " + desc + " ; rolled back: "
                     + " ; ".join(f"{s} {p}" for s, p in inner))
@@ -365,13 +367,7 @@ class Writer:
                     cp.write_row(row)
             return f"copy: {rows}"
         if mode < 0.92:  # rolled back
-            try:
-                with self.d.transaction():
-                    for s, p in ops:
-                        self.d.execute(s, p)
-                    raise psycopg.Rollback()
-            except psycopg.Rollback:
-                pass
+            self._rolled_back(ops)
             return "rolled back: " + desc
         # multi-statement simple query
         text = "; ".join(psycopg.ClientCursor(self.d).mogrify(s, p) for s, p in ops)
