@@ -30,6 +30,7 @@ from .protocol.framing import (
     declared_end,
     decode_startup,
     frame_end,
+    plain_prefix,
     split_startup,
 )
 from .protocol.messages import (
@@ -75,6 +76,10 @@ MAX_STATEMENT_RECORDS = 256
 statement cache (pgjdbc 256, psycopg and asyncpg 100)."""
 MAX_STATEMENT_CHARS = 1 << 20
 """Characters of statement text a session records."""
+
+
+_STOPS = bytes((READY_FOR_QUERY, ERROR_RESPONSE))
+"""Replies :meth:`Session._relay_plain` leaves to :meth:`Session._replies`."""
 
 
 def _ends_session(error: bytes) -> bool:
@@ -633,6 +638,8 @@ class Session(LocalAdmin):
             self.client.write(data[:k])
             data = data[k:]
         try:
+            if self.phase is not Phase.AUTH:
+                data = self._relay_plain(reader, data)
             msgs = reader.feed(data)
         except ProtocolViolation as exc:
             self.fatal("08P01", f"invalid message from upstream: {exc}")
@@ -640,6 +647,35 @@ class Session(LocalAdmin):
         if self.phase is Phase.AUTH:
             self._auth_messages(msgs)
             return
+        self._replies(msgs)
+
+    def _relay_plain(self, reader: MessageReader, data: bytes) -> bytes:
+        """While an exchange forwards a statement's replies as they are (no reply skipped or
+        held): relays the complete replies at the start of ``data`` up to the first
+        ReadyForQuery or ErrorResponse in one write, without taking each apart, and returns
+        the rest for ``reader``. A reply begun in an earlier chunk is completed through the
+        reader first. Why: each reply taken apart, copied and joined again cost about
+        2 µs, so a sketched query's 500,000 rows took 1.1 s longer through the proxy than
+        unwrapped (session 30)."""
+        ex = self.exchange
+        if ex is None or not ex.forward or ex.skip or ex.held is not None:
+            return data
+        done = reader.missing(data)
+        if done:
+            self._replies(reader.feed(data[:done]))
+            data = data[done:]
+            ex = self.exchange
+            if not data or ex is None or not ex.forward or ex.skip or ex.held is not None:
+                return data
+        k = plain_prefix(data, _STOPS, self.max_message)
+        if not k:
+            return data
+        self.client.write(data[:k])
+        return data[k:]
+
+    def _replies(self, msgs: list[tuple[int, bytes]]) -> None:
+        """Upstream replies taken apart (``reader``): to the client, to the exchange awaiting
+        them, or both (see :meth:`exchange_with_upstream`)."""
         out: list[bytes] = []
         ex = self.exchange
         for typ, msg in msgs:

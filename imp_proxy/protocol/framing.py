@@ -125,6 +125,21 @@ class MessageReader:
             del buf[:pos]
         return out
 
+    def missing(self, data: bytes | bytearray | memoryview) -> int:
+        """How many leading bytes of ``data`` complete the message buffered in part (0: none
+        is; all of ``data`` when even they do not)."""
+        buf = self._buf
+        if not buf:
+            return 0
+        if len(buf) >= 5:
+            length = unpack_int32_from(buf, 1)[0]
+        else:
+            head = bytes(buf) + bytes(data[:5 - len(buf)])
+            if len(head) < 5:
+                return len(data)
+            length = unpack_int32_from(head, 1)[0]
+        return int(max(1, min(len(data), 1 + length - len(buf))))
+
     def take_rest(self) -> bytes:
         """The buffered bytes of an incomplete message (and forgets them)."""
         rest = bytes(self._buf)
@@ -134,6 +149,22 @@ class MessageReader:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+def plain_prefix(buf: bytes, stops: bytes, max_size: int) -> int:
+    """Length of the complete messages at the start of ``buf`` whose types are not among
+    ``stops``: they can be relayed as they are, without a copy of each. Stops, too, at an
+    incomplete message and at a length out of bounds (the caller's reader reports that)."""
+    n = len(buf)
+    pos = 0
+    unpack = unpack_int32_from
+    while pos + 5 <= n and buf[pos] not in stops:
+        length = unpack(buf, pos + 1)[0]
+        end = pos + 1 + length
+        if length < 4 or length > max_size or end > n:
+            break
+        pos = end
+    return pos
 
 
 class BoundaryScanner:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from imp_proxy import intercept
 from imp_proxy.protocol import codec
@@ -12,6 +16,7 @@ from imp_proxy.protocol.framing import (
     ProtocolViolation,
     decode_startup,
     frame_end,
+    plain_prefix,
     split_startup,
 )
 from imp_proxy.protocol.messages import (
@@ -75,6 +80,58 @@ def test_message_reader_across_chunks() -> None:
     assert [chr(t) for t, _ in out] == ["1", "Z", "C"]
     assert out[2][1] == b"C\x00\x00\x00\x0dSELECT 1\x00"
     assert r.pending == 0
+
+
+_MESSAGES = st.lists(st.tuples(st.sampled_from(b"DCZEN"), st.binary(max_size=12)),
+                     max_size=12)
+
+
+@given(_MESSAGES, st.lists(st.integers(min_value=1, max_value=40), max_size=30))
+def test_plain_runs_and_the_reader_relay_a_stream_whole(
+        messages: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    """``Session._relay_plain``'s steps over a stream read in arbitrary chunks: the reader
+    completes a message begun in an earlier chunk (``missing``), ``plain_prefix`` passes the
+    complete messages before the first ReadyForQuery or ErrorResponse on as they are, the
+    reader takes the rest apart. Every byte comes out once, in order, and every Z and E
+    message goes through the reader."""
+    stream = b"".join(bytes((t,)) + struct.pack("!i", 4 + len(b)) + b for t, b in messages)
+    chunks, pos = [], 0
+    for n in cuts:
+        chunks.append(stream[pos:pos + n])
+        pos += n
+    chunks.append(stream[pos:])
+    reader, out, parsed = MessageReader(), bytearray(), []
+    for data in chunks:
+        done = reader.missing(data)
+        if done:
+            msgs = reader.feed(data[:done])
+            parsed += msgs
+            out += b"".join(m for _t, m in msgs)
+            data = data[done:]
+        k = plain_prefix(data, b"ZE", 1000) if not reader.pending else 0
+        out += data[:k]
+        msgs = reader.feed(data[k:])
+        parsed += msgs
+        out += b"".join(m for _t, m in msgs)
+    assert bytes(out) == stream and reader.pending == 0
+    stops = [bytes((t,)) + struct.pack("!i", 4 + len(b)) + b for t, b in messages if t in b"ZE"]
+    assert [m for t, m in parsed if t in b"ZE"] == stops
+
+
+def test_plain_prefix_stops_where_the_reader_must_look() -> None:
+    d = b"D\x00\x00\x00\x06\x00\x00"
+    z = b"Z\x00\x00\x00\x05I"
+    assert plain_prefix(d + d + z + d, b"ZE", 1000) == 2 * len(d)
+    assert plain_prefix(d + d[:4], b"ZE", 1000) == len(d)          # an incomplete message
+    assert plain_prefix(d + b"D\x00\x00\x00\x02" + d, b"ZE", 1000) == len(d)  # bad length
+    assert plain_prefix(d + b"D\x00\x01\x00\x00", b"ZE", 100) == len(d)  # over max_size
+    r = MessageReader()
+    assert r.missing(d) == 0
+    r.feed(d[:3])
+    assert r.missing(d[3:] + z) == len(d) - 3
+    assert r.missing(b"\x00") == 1
+    r.feed(d[3:])
+    assert r.pending == 0 and r.missing(z) == 0
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 100])
