@@ -19,6 +19,8 @@ reads ``IMP_SPARK_MASTER``, ``IMP_SPARK_CONF``, ``IMP_SPARK_JDBC_JAR``, ``IMP_SP
     heavy_backend = "auto"      # where heavy sketch jobs run: auto | postgres | spark
     [library]                   # fields of sketches.manager.SketchSettings
     capture_after = 1           # capture on the N-th execution of a template
+    unreused_captures = 4       # after that many captures never used again, capture a
+                                # query at its second execution (0: at first sight)
     fragments = 1000
     [tls]
     cert = "/path/server.crt"

@@ -515,7 +515,8 @@ class Router:
             p = cached(sql, params, search_path, snapshot_text,
                        **({"settings_differ": True} if relaxed else {}))
             if p is not None:
-                self.count("answered_in_memory")
+                if p.decision == "use":   # else a capture declined (unreused_captures)
+                    self.count("answered_in_memory")
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -102,6 +102,20 @@ def names_refused(conn: psycopg.Connection[Any], entry: Entry) -> str | None:
     return lookup.relations(conn, entry.analysis).reason
 
 
+@dataclass(slots=True)
+class Reuse:
+    """Whether a query used a sketch again after the one that captured it
+    (``SketchManager._note_use``). Held by the sketch's :class:`Entry` and by its template's
+    :attr:`Template.recent`, which outlives the entry without keeping its state alive."""
+
+    used: bool = False
+
+
+RECENT_CAPTURES_KEPT = 32
+"""Captures remembered per template (:attr:`Template.recent`): the most
+``SketchSettings.unreused_captures`` may look at."""
+
+
 @dataclass
 class Entry:
     """A sketch known to the manager with its template instance and counters."""
@@ -143,6 +157,7 @@ class Entry:
     """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
     relations: tuple[int, ...] = ()
     """The oids of the query's tables the sketch was captured on (``lookup.Relations``)."""
+    reuse: Reuse = field(default_factory=Reuse)
 
     def idle_since(self) -> float:
         """Its last use in this process, else when it was captured or loaded."""
@@ -176,14 +191,36 @@ class Template:
     entries: list[Entry] = field(default_factory=list)
     runs: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
     """Executions per parameter values (the most recent ``_RUNS_KEPT`` values)."""
+    recent: deque[Reuse] = field(default_factory=lambda: deque(maxlen=RECENT_CAPTURES_KEPT))
+    """Whether each of the template's latest captures in this process was used again,
+    oldest first."""
+    queries: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    """Executions per query (the hash of its text and parameters; the most recent
+    ``_RUNS_KEPT``)."""
+
+    def unreused(self, n: int) -> bool:
+        """Were the template's last ``n`` captures (n ≥ 1) each never used again?"""
+        recent = self.recent
+        return len(recent) >= n and not any(recent[-i].used for i in range(1, n + 1))
 
     def note_values(self, values: Hashable) -> int:
         """Counts one execution of ``values``; returns how many there were so far."""
-        n = self.runs.pop(values, 0) + 1
-        self.runs[values] = n
-        if len(self.runs) > _RUNS_KEPT:
-            self.runs.popitem(last=False)
-        return n
+        return _note(self.runs, values)
+
+    def note_query(self, key: Hashable | None) -> int:
+        """Counts one execution of the query ``key`` (``answers.query_key``; None: one not
+        told apart, counted as new); returns how many there were so far. Why a hash: a
+        text may be long; two queries of one hash are counted as one, which only makes
+        a capture come earlier."""
+        return 1 if key is None else _note(self.queries, hash(key))
+
+
+def _note(counts: OrderedDict[Any, int], key: Hashable) -> int:
+    n = counts.pop(key, 0) + 1
+    counts[key] = n
+    if len(counts) > _RUNS_KEPT:
+        counts.popitem(last=False)
+    return n
 
 
 _RUNS_KEPT = 256

@@ -18,6 +18,7 @@ from sketches.maintained import INSTRUMENTED_CHARS, INSTRUMENTED_KEPT
 from sketches.manager import (
     COSTLIER,
     INSTALL_LOCK_WAIT,
+    UNREUSED,
     MaintenanceRequest,
     Prepared,
     SketchManager,
@@ -264,6 +265,50 @@ def test_a_sketch_whose_filter_costs_more_than_it_skips_is_not_used(
         svc.execute("COMMIT")
 
 
+def test_a_template_whose_sketches_are_never_used_again_captures_at_second_sight(
+        svc: psycopg.Connection[Any]) -> None:
+    """A query with a new WHERE constant each time was captured each time and its sketch
+    never used again: 3.7× slower through the proxy than directly (session 30,
+    ``bench/results/unreused-s30``). After ``unreused_captures`` such captures a new
+    constant passes through and is captured at its second execution; once one of the
+    template's sketches is used again, a new constant is captured at first sight again. A
+    sketch that serves a stricter threshold counts as used again."""
+    m = SketchManager(SketchSettings(fragments=100, persist=False, unreused_captures=3))
+    text = "SELECT g, count(*) AS c FROM mt WHERE v <> {} GROUP BY g HAVING count(*) > 100"
+    for k in range(3):
+        assert prepare(m, svc, text.format(k)).decision == "capture"
+    declined = prepare(m, svc, text.format(3))
+    assert declined.decision == "passthrough" and declined.reason == UNREUSED.format(n=3)
+    assert declined.instrumented_sql is None and m.stats()["captures_declined"] == 1
+    second = prepare(m, svc, text.format(3))
+    assert second.decision == "capture" and second.instrumented_sql is not None
+    assert rows(svc, second.instrumented_sql, None) == rows(svc, text.format(3), None)
+    assert prepare(m, svc, text.format(4)).decision == "passthrough"
+    again = prepare(m, svc, text.format(3))
+    assert again.decision == "use" and again.sketch_id == second.sketch_id
+    assert prepare(m, svc, text.format(5)).decision == "capture"
+    assert m.stats()["captures_declined"] == 2
+    for k in (6, 7):   # the last three captures again unused after these
+        assert prepare(m, svc, text.format(k)).decision == "capture"
+    # the proxy asks prepare_cached first (no database): it declines there too, once
+    early = m.prepare_cached(text.format(8), None, "public", "1:1:")
+    assert early is not None and early.decision == "passthrough"
+    assert early.reason == UNREUSED.format(n=3) and m.stats()["captures_declined"] == 3
+    assert m.prepare_cached(text.format(8), None, "public", "1:1:") is None
+    assert prepare(m, svc, text.format(8)).decision == "capture"
+
+    served = SketchManager(SketchSettings(fragments=100, persist=False, unreused_captures=1))
+    assert prepare(served, svc, HAVING, [120]).decision == "capture"
+    assert prepare(served, svc, HAVING, [300]).decision == "use"      # a stricter threshold
+    assert prepare(served, svc, HAVING, [50]).decision == "capture"   # looser: none serves it
+    assert prepare(served, svc, HAVING, [40]).decision == "passthrough"
+    assert prepare(served, svc, HAVING, [60]).decision == "use"       # [50]'s sketch serves it
+
+    every = SketchManager(SketchSettings(fragments=100, persist=False, unreused_captures=0))
+    assert [prepare(every, svc, text.format(k)).decision for k in range(10, 16)] == \
+        ["capture"] * 6
+
+
 def test_admin_listing_and_drop(svc: psycopg.Connection[Any]) -> None:
     m = SketchManager(SketchSettings(fragments=100))
     m.drop_all(svc)  # sketches persisted by earlier tests of this module
@@ -507,8 +552,9 @@ def test_a_template_keeps_at_most_max_sketches(data: str, strategy: str, shape: 
     used sketch; its catalog row is invalidated, and every answer stays exact."""
     table = f"cap_{strategy}_{shape.split('-')[0]}"
     cap = 4
+    # unreused_captures=0: every query is a first sight no sketch serves, captured each time
     m = SketchManager(SketchSettings(fragments=100, strategy=strategy, state_interval=0.2,
-                                     sketches_kept_per_template=cap))
+                                     sketches_kept_per_template=cap, unreused_captures=0))
     try:
         with psycopg.connect(data, autocommit=True) as svc:
             _sized_table(svc, table)
@@ -551,7 +597,7 @@ def test_a_catalog_with_more_sketches_than_the_cap_loads_the_newest(data: str) -
     text = f"SELECT g, count(*) AS c FROM {table} WHERE v <> {{}} GROUP BY g" \
            " HAVING count(*) > 235"
     first = SketchManager(SketchSettings(fragments=100, strategy="recapture",
-                                         sketches_kept_per_template=20))
+                                         sketches_kept_per_template=20, unreused_captures=0))
     second = SketchManager(SketchSettings(fragments=100, strategy="recapture",
                                           sketches_kept_per_template=3, state_interval=0.2))
     try:
