@@ -193,6 +193,13 @@ class SketchSettings:
             raise ValueError(f"unreused_captures must be in [0, {RECENT_CAPTURES_KEPT}]")
 
 
+DECLINE_IN_MEMORY_CHARS = 4096
+DECLINE_IN_MEMORY_PARAMS = 64
+"""The largest query text and parameter count :meth:`SketchManager.prepare_cached` declines a
+capture of (it parses the text on the proxy's event loop, where every client waits; 0.8 ms for
+a 90-character HAVING query, seconds for an IN list of thousands): larger ones are decided on a
+service connection."""
+
 UNREUSED = ("the template's last {n} sketches were never used again (its constants change"
             " from query to query): a query is captured at its second execution")
 """Why a query no sketch may serve is not captured (``SketchSettings.unreused_captures``)."""
@@ -553,7 +560,8 @@ class SketchManager(IncrementalMaintenance):
         :meth:`prepare`). Why: on a service connection the decision cost the proxy about
         10 ms per query (session 30: a 2.5 ms query took 12 ms through the proxy)."""
         n = self.settings.unreused_captures
-        if not n or not self.settings.enabled:
+        if not n or not self.settings.enabled or len(sql) > DECLINE_IN_MEMORY_CHARS \
+                or (params is not None and len(params) > DECLINE_IN_MEMORY_PARAMS):
             return None
         try:
             template = fingerprint(sql)   # a template with captures was a candidate

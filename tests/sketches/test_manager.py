@@ -17,6 +17,7 @@ from sketches.errors import CaptureError
 from sketches.maintained import INSTRUMENTED_CHARS, INSTRUMENTED_KEPT
 from sketches.manager import (
     COSTLIER,
+    DECLINE_IN_MEMORY_CHARS,
     INSTALL_LOCK_WAIT,
     UNREUSED,
     MaintenanceRequest,
@@ -296,6 +297,10 @@ def test_a_template_whose_sketches_are_never_used_again_captures_at_second_sight
     assert early.reason == UNREUSED.format(n=3) and m.stats()["captures_declined"] == 3
     assert m.prepare_cached(text.format(8), None, "public", "1:1:") is None
     assert prepare(m, svc, text.format(8)).decision == "capture"
+    # a long text is not parsed on the proxy's event loop: decided on a service connection
+    long = text.format(9) + " -- " + "x" * DECLINE_IN_MEMORY_CHARS
+    assert m.prepare_cached(long, None, "public", "1:1:") is None
+    assert prepare(m, svc, long).reason == UNREUSED.format(n=3)
 
     served = SketchManager(SketchSettings(fragments=100, persist=False, unreused_captures=1))
     assert prepare(served, svc, HAVING, [120]).decision == "capture"
