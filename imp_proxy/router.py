@@ -515,8 +515,7 @@ class Router:
             p = cached(sql, params, search_path, snapshot_text,
                        **({"settings_differ": True} if relaxed else {}))
             if p is not None:
-                if p.decision == "use":   # else a capture declined (unreused_captures)
-                    self.count("answered_in_memory")
+                self.count("answered_in_memory")
                 return PrepareOutcome(str(p.decision), str(p.reason), p.sketch_id,
                                       p.instrumented_sql)
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
@@ -537,6 +536,10 @@ class Router:
         hook, pools = self.hook, self.pools
         if hook is None or pools is None:
             return PrepareOutcome("passthrough", "no sketch library configured", None, None)
+        decline = None if explain else getattr(self._hook_for(dbname), "decline_unpaid", None)
+        declined = None if decline is None else decline(sql, params)
+        if declined is not None:   # a capture that would go unused: no service connection
+            return PrepareOutcome(str(declined.decision), str(declined.reason), None, None)
         cancel = cancel or ServiceCancel()
         with self._service(dbname) as conn, cancel.attached(conn):
             reported = tuple(conn.info.parameter_status(n) or "" for n in EVALUATION_SETTINGS)

@@ -193,13 +193,6 @@ class SketchSettings:
             raise ValueError(f"unreused_captures must be in [0, {RECENT_CAPTURES_KEPT}]")
 
 
-DECLINE_IN_MEMORY_CHARS = 4096
-DECLINE_IN_MEMORY_PARAMS = 64
-"""The largest query text and parameter count :meth:`SketchManager.prepare_cached` declines a
-capture of (it parses the text on the proxy's event loop, where every client waits; 0.8 ms for
-a 90-character HAVING query, seconds for an IN list of thousands): larger ones are decided on a
-service connection."""
-
 UNREUSED = ("the template's last {n} sketches were never used again (its constants change"
             " from query to query): a query is captured at its second execution")
 """Why a query no sketch may serve is not captured (``SketchSettings.unreused_captures``)."""
@@ -535,7 +528,7 @@ class SketchManager(IncrementalMaintenance):
         key = answer_key(sql, params, search_path)
         answer = None if key is None or not self.settings.enabled else self._answers.get(key)
         if answer is None or (settings_differ and not answer.settings_free):
-            return self._declined_in_memory(sql, params)
+            return None
         tmpl = answer.template
         if not tmpl.lock.acquire(blocking=False):
             return None
@@ -552,16 +545,16 @@ class SketchManager(IncrementalMaintenance):
         finally:
             tmpl.lock.release()
 
-    def _declined_in_memory(self, sql: str, params: Sequence[object] | None
-                            ) -> Prepared | None:
+    def decline_unpaid(self, sql: str, params: Sequence[object] | None) -> Prepared | None:
         """:meth:`prepare`'s passthrough for a query whose capture would go unused
-        (:meth:`_unpaid`) and that no sketch of its template may serve, decided as
-        :meth:`prepare_cached` decides (no database, no blocking; None: call
-        :meth:`prepare`). Why: on a service connection the decision cost the proxy about
-        10 ms per query (session 30: a 2.5 ms query took 12 ms through the proxy)."""
+        (:meth:`_unpaid`) and that no sketch of its template may serve, decided without a
+        database (None: call :meth:`prepare`); the proxy asks it in its worker thread before
+        it takes a service connection. Why: the service connection's transaction cost a
+        declined query about 2 ms more (session 30). Not on the event loop: the check
+        against every kept sketch of a template took up to 0.5 s for long texts (a helper's
+        search, session 30)."""
         n = self.settings.unreused_captures
-        if not n or not self.settings.enabled or len(sql) > DECLINE_IN_MEMORY_CHARS \
-                or (params is not None and len(params) > DECLINE_IN_MEMORY_PARAMS):
+        if not n or not self.settings.enabled:
             return None
         try:
             template = fingerprint(sql)   # a template with captures was a candidate

@@ -17,7 +17,6 @@ from sketches.errors import CaptureError
 from sketches.maintained import INSTRUMENTED_CHARS, INSTRUMENTED_KEPT
 from sketches.manager import (
     COSTLIER,
-    DECLINE_IN_MEMORY_CHARS,
     INSTALL_LOCK_WAIT,
     UNREUSED,
     MaintenanceRequest,
@@ -269,7 +268,7 @@ def test_a_sketch_whose_filter_costs_more_than_it_skips_is_not_used(
 def test_a_template_whose_sketches_are_never_used_again_captures_at_second_sight(
         svc: psycopg.Connection[Any]) -> None:
     """A query with a new WHERE constant each time was captured each time and its sketch
-    never used again: 3.7× slower through the proxy than directly (session 30,
+    never used again: 3.6× slower through the proxy than directly (session 30,
     ``bench/results/unreused-s30``). After ``unreused_captures`` such captures a new
     constant passes through and is captured at its second execution; once one of the
     template's sketches is used again, a new constant is captured at first sight again. A
@@ -291,16 +290,13 @@ def test_a_template_whose_sketches_are_never_used_again_captures_at_second_sight
     assert m.stats()["captures_declined"] == 2
     for k in (6, 7):   # the last three captures again unused after these
         assert prepare(m, svc, text.format(k)).decision == "capture"
-    # the proxy asks prepare_cached first (no database): it declines there too, once
-    early = m.prepare_cached(text.format(8), None, "public", "1:1:")
+    # the proxy asks decline_unpaid first, in its worker thread without a database
+    early = m.decline_unpaid(text.format(8), None)
     assert early is not None and early.decision == "passthrough"
     assert early.reason == UNREUSED.format(n=3) and m.stats()["captures_declined"] == 3
-    assert m.prepare_cached(text.format(8), None, "public", "1:1:") is None
+    assert m.decline_unpaid(text.format(8), None) is None      # its second execution
     assert prepare(m, svc, text.format(8)).decision == "capture"
-    # a long text is not parsed on the proxy's event loop: decided on a service connection
-    long = text.format(9) + " -- " + "x" * DECLINE_IN_MEMORY_CHARS
-    assert m.prepare_cached(long, None, "public", "1:1:") is None
-    assert prepare(m, svc, long).reason == UNREUSED.format(n=3)
+    assert m.decline_unpaid("SELECT g FROM mt GROUP BY g HAVING sum(v) > 5", None) is None
 
     served = SketchManager(SketchSettings(fragments=100, persist=False, unreused_captures=1))
     assert prepare(served, svc, HAVING, [120]).decision == "capture"
