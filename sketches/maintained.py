@@ -214,6 +214,10 @@ class Template:
         a capture come earlier."""
         return 1 if key is None else _note(self.queries, hash(key))
 
+    def ran(self, key: Hashable) -> bool:
+        """Was the query ``key`` counted by :meth:`note_query` (among the most recent)?"""
+        return hash(key) in self.queries
+
 
 def _note(counts: OrderedDict[Any, int], key: Hashable) -> int:
     n = counts.pop(key, 0) + 1

@@ -566,20 +566,31 @@ class SketchManager(IncrementalMaintenance):
             return None
         try:
             qkey = query_key(sql, params)
-            if qkey is None or hash(qkey) in tmpl.queries or not tmpl.unreused(n):
+            if qkey is None or tmpl.ran(qkey) or not tmpl.unreused(n):
                 return None
-            try:
-                inst = self._instance(sql, None if params is None else tuple(params))
-            except SketchError:
-                return None
-            if any(self._reusable(e, inst) for e in tmpl.entries):
-                return None
-            tmpl.seen += 1
-            tmpl.note_query(qkey)
-            tmpl.note_values(_values(inst))
-            return self._decline_capture()
+            declined = self._decline_unserved(tmpl, sql,
+                                              None if params is None else tuple(params))
+            if declined is not None:
+                tmpl.seen += 1
+                tmpl.note_query(qkey)
+            return declined
         finally:
             tmpl.lock.release()
+
+    def _decline_unserved(self, tmpl: _Template, sql: str,
+                          params: tuple[object, ...] | None) -> Prepared | None:
+        """:meth:`_decline_capture` when no sketch of ``tmpl`` may serve the query, whatever
+        its tables (the caller holds the template lock and found the capture
+        :meth:`_unpaid`), counting the query's values; None otherwise, also when the text
+        has no instance (the long way reports why)."""
+        try:
+            inst = self._instance(sql, params)
+        except SketchError:
+            return None
+        if any(self._reusable(e, inst) for e in tmpl.entries):
+            return None
+        tmpl.note_values(_values(inst))
+        return self._decline_capture()
 
     def _note_use(self, entry: _Entry) -> None:
         entry.uses += 1
@@ -655,10 +666,9 @@ class SketchManager(IncrementalMaintenance):
                                      " to it but in no snapshot")
         repeated = tmpl.note_query(query_key(sql, params)) > 1
         if self._unpaid(tmpl, repeated):
-            inst = self._instance(sql, params)
-            if not any(self._reusable(e, inst) for e in tmpl.entries):
-                tmpl.note_values(_values(inst))
-                return self._decline_capture()
+            declined = self._decline_unserved(tmpl, sql, params)
+            if declined is not None:
+                return declined
         analysis, safety = self._analyse(conn, sql, search_path)
         if not safety.sketchable:
             return self._passthrough(safety.reason)

@@ -127,18 +127,14 @@ class MessageReader:
 
     def missing(self, data: bytes | bytearray | memoryview) -> int:
         """How many leading bytes of ``data`` complete the message buffered in part (0: none
-        is; all of ``data`` when even they do not)."""
+        is; all of ``data`` when even they do not). Raises ProtocolViolation for a length
+        out of bounds, as :meth:`feed` does."""
         buf = self._buf
         if not buf:
             return 0
-        if len(buf) >= 5:
-            length = unpack_int32_from(buf, 1)[0]
-        else:
-            head = bytes(buf) + bytes(data[:5 - len(buf)])
-            if len(head) < 5:
-                return len(data)
-            length = unpack_int32_from(head, 1)[0]
-        return int(max(1, min(len(data), 1 + length - len(buf))))
+        head = bytes(buf[:5]) + bytes(data[:max(0, 5 - len(buf))])
+        end = declared_end(head, 0, self.max_size)
+        return len(data) if end < 0 else min(len(data), end - len(buf))
 
     def take_rest(self) -> bytes:
         """The buffered bytes of an incomplete message (and forgets them)."""
