@@ -25,8 +25,6 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from typing import Any
 import psycopg
 
 from bench.machine import machine_facts, revision
-from bench.proxy_process import launch_proxy
+from bench.proxy_process import proxied
 from imp_proxy.embedded import given_or_throwaway as _cluster
 
 log = logging.getLogger(__name__)
@@ -202,15 +200,6 @@ def report(res: Result, facts: dict[str, Any], command: str, rows: int, blocks: 
     return "\n".join(lines) + "\n"
 
 
-@contextmanager
-def _proxied(upstream: str, *args: str) -> Iterator[str]:
-    proxy = launch_proxy(upstream, *args, log_level="WARNING")
-    try:
-        yield psycopg.conninfo.make_conninfo(upstream, host="127.0.0.1", port=proxy.port)
-    finally:
-        proxy.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.latency_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with _cluster(args.upstream) as dsn:
         threshold = _load(dsn, args.rows)
-        with _proxied(dsn) as proxy_dsn:
+        with proxied(dsn) as proxy_dsn:
             res = measure(dsn, proxy_dsn, threshold, args.blocks, args.per_block)
     command = "python -m bench.latency_bench " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]) if "postgres" not in a)

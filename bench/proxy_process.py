@@ -14,8 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"imp-proxy listening on [^\s]+:(\d+)")
@@ -71,3 +75,14 @@ def launch_proxy(upstream: str | None, *args: str, log_level: str = "INFO",
     proc.kill()
     proc.wait()
     raise RuntimeError(f"proxy did not start within {timeout}s: {log.read_text()}")
+
+
+@contextmanager
+def proxied(upstream: str, *args: str) -> Iterator[str]:
+    """A DSN of this checkout's proxy (``launch_proxy``, ``args`` added, logging warnings)
+    in front of ``upstream``; the proxy is stopped on exit."""
+    proxy = launch_proxy(upstream, *args, log_level="WARNING")
+    try:
+        yield psycopg.conninfo.make_conninfo(upstream, host="127.0.0.1", port=proxy.port)
+    finally:
+        proxy.stop()

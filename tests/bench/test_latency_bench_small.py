@@ -8,12 +8,13 @@ from pathlib import Path
 
 from bench import latency_bench as lb
 from bench.machine import machine_facts
+from bench.proxy_process import proxied
 
 
 def test_latency_bench_measures_both_paths(db_dsn: str, tmp_path: Path) -> None:
     threshold = lb._load(db_dsn, 2_000)
     # the background's state persistence commits, which starts a new snapshot: not in here
-    with lb._proxied(db_dsn, "--library-setting", "state_interval=3600") as proxy_dsn:
+    with proxied(db_dsn, "--library-setting", "state_interval=3600") as proxy_dsn:
         res = lb.measure(db_dsn, proxy_dsn, threshold, blocks=2, per_block=4)
     assert res.mismatches == []
     assert res.checked == len(lb.SCENARIOS) * len(lb.PROTOCOLS) * 2 * (4 + 5)

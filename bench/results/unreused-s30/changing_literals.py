@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from bench.proxy_process import launch_proxy
+from bench.proxy_process import proxied
 from imp_proxy.embedded import given_or_throwaway
 
 Conn = psycopg.Connection[Any]
@@ -84,18 +84,13 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             for stmt in TABLES:
                 c.execute(stmt)
-        proxy = launch_proxy(dsn, log_level="WARNING")
-        try:
-            via = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
-            with psycopg.connect(via, autocommit=True) as p, \
-                    psycopg.connect(dsn, autocommit=True) as d:
-                n = 0
-                for setting in (0, 4, 0, 4):
-                    for name in WORKLOADS:
-                        n += 1
-                        workload(p, d, name, f"w{n}", setting)
-        finally:
-            proxy.stop()
+        with proxied(dsn) as via, psycopg.connect(via, autocommit=True) as p, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            n = 0
+            for setting in (0, 4, 0, 4):
+                for name in WORKLOADS:
+                    n += 1
+                    workload(p, d, name, f"w{n}", setting)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 
 import psycopg
 
-from bench.proxy_process import launch_proxy
+from bench.proxy_process import proxied
 from imp_proxy.embedded import given_or_throwaway
 
 QUERY = ("SELECT g, sum(v) FROM t WHERE day >= {c} AND g < 20 GROUP BY g HAVING sum(v) > 10"
@@ -34,26 +34,21 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             for stmt in TABLES:
                 c.execute(stmt)
-        proxy = launch_proxy(dsn, log_level="WARNING")
-        try:
-            via = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
-            with psycopg.connect(via, autocommit=True) as p, \
-                    psycopg.connect(via, autocommit=True) as off, \
-                    psycopg.connect(dsn, autocommit=True) as d:
-                off.execute("IMP SET enabled = off")
-                times: dict[str, list[float]] = {"direct": [], "declined": [], "off": []}
-                for i in range(60):
-                    q = QUERY.format(c=i + 1)
-                    for name, conn in (("direct", d), ("declined", p), ("off", off)):
-                        t0 = time.perf_counter()
-                        conn.execute(q).fetchall()
-                        times[name].append((time.perf_counter() - t0) * 1e3)
-                print({k: round(statistics.median(v[10:]), 2) for k, v in times.items()})
-                explain = {str(k): v for k, v in
-                           p.execute("IMP EXPLAIN " + QUERY.format(c=999)).fetchall()}
-                print(explain["reason"])
-        finally:
-            proxy.stop()
+        with proxied(dsn) as via, psycopg.connect(via, autocommit=True) as p, \
+                psycopg.connect(via, autocommit=True) as off, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            off.execute("IMP SET enabled = off")
+            times: dict[str, list[float]] = {"direct": [], "declined": [], "off": []}
+            for i in range(60):
+                q = QUERY.format(c=i + 1)
+                for name, conn in (("direct", d), ("declined", p), ("off", off)):
+                    t0 = time.perf_counter()
+                    conn.execute(q).fetchall()
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            print({k: round(statistics.median(v[10:]), 2) for k, v in times.items()})
+            explain = {str(k): v for k, v in
+                       p.execute("IMP EXPLAIN " + QUERY.format(c=999)).fetchall()}
+            print(explain["reason"])
 
 
 if __name__ == "__main__":
