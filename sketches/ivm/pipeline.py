@@ -468,37 +468,39 @@ class Pipeline:
         return None if plan is None else float(plan["Plan Rows"])
 
     def _load_aggregate(self, frags: Sequence[tuple[int, str]]) -> None:
+        """The aggregate's state from partial aggregates per (group, fragments) — and per
+        scale of each avg argument of type numeric without a fixed scale, so every value is
+        counted at its scale (``accumulators.SumAcc``). Why per scale: a partial of values of
+        several scales shows only the largest, and once deletes removed the values of that
+        scale the group's avg could not be maintained any more (a recapture each time)."""
         agg, spec = self.aggregate, self.spec
         assert agg is not None and self._conn is not None
         loose, fixed = partials.scales(self._conn, spec)
         partial_sql: list[sql.Composable] = []
-        for i, (a, arg) in enumerate(zip(spec.aggs, spec.agg_sql, strict=True)):
+        for a, arg in zip(spec.aggs, spec.agg_sql, strict=True):
             if a.func == "count_star":
                 partial_sql.append(sql.SQL("count(*)"))
             elif a.func in ("sum", "avg"):
                 partial_sql += [sql.SQL("sum({})").format(_raw(arg or "")),
                                 sql.SQL("count({})").format(_raw(arg or ""))]
-                if i in loose:   # one scale in the partial: every value counted at it
-                    partial_sql += [sql.SQL("min(scale({}))").format(_raw(arg or "")),
-                                    sql.SQL("max(scale({}))").format(_raw(arg or ""))]
             else:
                 partial_sql.append(sql.SQL("count({})").format(_raw(arg or "")))
-        ng, nf = len(spec.group_sql), len(frags)
-        for r in self._grouped([_raw(g) for g in spec.group_sql], frags, partial_sql):
+        keys = [_raw(g) for g in spec.group_sql]
+        keys += [sql.SQL("scale({})").format(_raw(spec.agg_sql[i] or "")) for i in loose]
+        ng, nk, nf = len(spec.group_sql), len(keys), len(frags)
+        for r in self._grouped(keys, frags, partial_sql):
             parts: list[object] = []
-            at = ng + nf
+            at = nk + nf
             for i, a in enumerate(spec.aggs):
                 if a.func in ("sum", "avg"):
-                    one = fixed.get(i)
-                    if i in loose:
-                        one = r[at + 3] if r[at + 2] == r[at + 3] else None
+                    one = r[ng + loose.index(i)] if i in loose else fixed.get(i)
                     parts.append((r[at], r[at + 1], one))
-                    at += 4 if i in loose else 2
+                    at += 2
                 else:
                     parts.append(r[at])
                     at += 1
             ids: list[int | None] = [None] * spec.slots
-            for (slot, _f), fid in zip(frags, r[ng:ng + nf], strict=True):
+            for (slot, _f), fid in zip(frags, r[nk:nk + nf], strict=True):
                 ids[slot] = int(fid)
             agg.absorb_partial(tuple(r[:ng]), ids, int(r[-1]), parts)
         for i, a in enumerate(spec.aggs):

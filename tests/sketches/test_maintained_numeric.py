@@ -44,12 +44,14 @@ def test_avg_has_the_scale_of_the_values_present(db: str) -> None:
     assert entry["captures"] == 1 and entry["maintenances"] == 2
 
 
-def test_a_scale_the_state_cannot_know_recaptures(db: str) -> None:
-    """The value of scale 20 was there at the capture: the state build saw its group's
-    largest scale, not how many values had it, so once it is deleted the scale of the rest
-    is unknown: recaptured (was maintained with scale 20 kept: 0 rows instead of 1)."""
+def test_a_scale_present_at_the_build_is_maintained_after_its_delete(db: str) -> None:
+    """The value of scale 20 was there at the capture, among values of scale 0 in its
+    (group, fragment). A build that saw only the partial's largest scale could not know the
+    scale of the rest once it was deleted: recaptured (before that, maintained with scale 20
+    kept: 0 rows instead of 1). The build now splits avg's partials by scale and counts every
+    value at its own: the delete is maintained, and the answer is PostgreSQL's."""
     entry = _avg_table(db, "1.00000000000000000000", ["DELETE FROM nm_avg WHERE id = 47"])
-    assert entry["captures"] == 1 and entry["maintenances"] == 0   # a new sketch's entry
+    assert entry["captures"] == 1 and entry["maintenances"] == 1, entry
 
 
 def test_a_deleted_nan_leaves_the_sum(db: str) -> None:

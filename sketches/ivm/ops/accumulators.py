@@ -179,7 +179,8 @@ class SumAcc:
     digits of 4/3 with a 17-digit constant, not 16, and its group went missing.
 
     So ``scales`` counts the non-NULL values per scale — exactly for values added since the
-    state was built, as a *lower bound* for the values the build brought in: a pushed-down
+    state was built, and for the values the build brought in when its partials are split by
+    scale (avg's are: ``Pipeline._load_aggregate``); else as a *lower bound*: a pushed-down
     partial sum of one (group, fragment) only shows the largest scale among its values, so it
     counts one value at that scale. The values not counted (``nonnull − Σ scales``) have
     scales of at most ``loose`` (−1: none). The largest scale present is known when the
