@@ -124,7 +124,10 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
 def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
     """The avg aggregates (indexes) whose argument is a numeric without a fixed scale, and the
     scale of each whose argument is a ``numeric(p, s)`` (all its values have scale ``s``: the
-    accumulator counts them exactly, ``accumulators.SumAcc``). A sum's scale does not count
+    accumulator counts them exactly, ``accumulators.SumAcc``; 0 for a negative ``s``, which
+    PostgreSQL 15 allows: ``numeric(7, -2)`` rounds to hundreds, and its values have display
+    scale 0 — taken as −2, avg's total was quantized to 78 digits, a wrong answer beside a
+    constant). A sum's scale does not count
     (compared or added, its value is all the engine uses). The types come from a ``LIMIT 0``
     query over the tables. Other types have no scale (int: always 0)."""
     averaged = [i for i, a in enumerate(spec.aggs) if a.func == "avg"]
@@ -136,7 +139,8 @@ def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
     cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
     numeric = [(i, col.scale) for i, col in zip(averaged, cur.description or [], strict=True)
                if col.type_code == NUMERIC]
-    return [i for i, s in numeric if s is None], {i: s for i, s in numeric if s is not None}
+    return ([i for i, s in numeric if s is None],
+            {i: max(s, 0) for i, s in numeric if s is not None})
 
 
 def _reading(conn: Conn, infos: Sequence[deltas.TableInfo], text: sql.Composable,

@@ -49,9 +49,26 @@ def test_a_scale_present_at_the_build_is_maintained_after_its_delete(db: str) ->
     (group, fragment). A build that saw only the partial's largest scale could not know the
     scale of the rest once it was deleted: recaptured (before that, maintained with scale 20
     kept: 0 rows instead of 1). The build now splits avg's partials by scale and counts every
-    value at its own: the delete is maintained, and the answer is PostgreSQL's."""
-    entry = _avg_table(db, "1.00000000000000000000", ["DELETE FROM nm_avg WHERE id = 47"])
-    assert entry["captures"] == 1 and entry["maintenances"] == 1, entry
+    value at its own: the delete is maintained, and so is the insert of a 1 that brings the
+    group back to 4/3 with every value of scale 0 — passing only when its avg is computed at
+    PostgreSQL's 16 digits, not 20."""
+    entry = _avg_table(db, "1.00000000000000000000", ["DELETE FROM nm_avg WHERE id = 47",
+                                                      "INSERT INTO nm_avg (g, w) VALUES (7, 1)"])
+    assert entry["captures"] == 1 and entry["maintenances"] == 2, entry
+
+
+def test_avg_over_a_negative_scale_numeric(db: str) -> None:
+    """``numeric(7, -2)`` (PostgreSQL 15) rounds to hundreds and its values have display scale
+    0; taken as the declared −2, avg's total was quantized to 78 digits: group 7's 400/3
+    compared its 78 digits, not 16, with the constant and its fragment went missing."""
+    entry = _run(db, "nm_neg", "id serial PRIMARY KEY, g int, c numeric(7, -2)",
+                 "INSERT INTO nm_neg (g, c) SELECT i % 40, CASE WHEN i % 40 = 7 THEN 100"
+                 " ELSE 500 END FROM generate_series(1, 3600) i",
+                 "SELECT g, count(*) FROM nm_neg GROUP BY g"
+                 " HAVING avg(c) < 133.33333333333333333",
+                 ["INSERT INTO nm_neg (g, c) SELECT 7, 200 FROM generate_series(1, 45)",
+                  "DELETE FROM nm_neg WHERE id > 3600"])
+    assert entry["captures"] == 1 and entry["maintenances"] == 2, entry
 
 
 def test_a_deleted_nan_leaves_the_sum(db: str) -> None:
