@@ -591,7 +591,7 @@ class IncrementalMaintenance:
         log.info("sketch %s: a newer persisted state (%s) replaces ours (%s)", sid, stored,
                  pipeline.version)
         if not ivm_state.load(conn, str(sid), pipeline):
-            raise PipelineBroken("the persisted state disappeared")
+            raise PipelineBroken("the persisted state disappeared or is of an earlier epoch")
         self._count("states_loaded")
         pipeline.maintain(conn)
 

@@ -49,13 +49,29 @@ def write(conn: psycopg.Connection[Any], key: str, snap: dict[str, Json]) -> Non
                   len(json.dumps(snap)))
 
 
+_CURRENT_EPOCHS = (
+    "NOT EXISTS (SELECT 1 FROM jsonb_each_text(s.epochs) AS e(rel, epoch)"
+    " LEFT JOIN imp.tracked_tables AS t ON t.relid = e.rel::oid"
+    " WHERE t.epoch IS DISTINCT FROM e.epoch::bigint)")
+"""SQL: every table of the row ``s`` is tracked at the epoch the state was saved at."""
+
+
 def load(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> bool:
-    """Restores ``pipeline`` from the row ``key``; False if there is none. Raises
-    :class:`StateFormatError` if the row belongs to another plan (the caller recaptures)."""
+    """Restores ``pipeline`` from the row ``key``; False if there is none, or if a table of
+    it was truncated, altered or untracked since it was saved (its epoch moved). Raises
+    :class:`StateFormatError` if the row belongs to another plan (the caller recaptures).
+
+    Why the epochs here: such a state can never be maintained again, and loaded it was
+    decoded only for its first maintenance to fail and the sketch to be captured anew — once
+    per sketch after every TRUNCATE or DDL under eager maintenance, whose background detaches
+    an invalidated state but keeps the sketch (found by a helper's search in session 31)."""
     with collector.paused():
-        row = conn.execute("SELECT state FROM imp.ivm_state WHERE sketch_key = %s",
-                           (key,)).fetchone()
+        row = conn.execute("SELECT state, " + _CURRENT_EPOCHS + " FROM imp.ivm_state AS s"
+                           " WHERE sketch_key = %s", (key,)).fetchone()
         if row is None:
+            return False
+        if not row[1]:
+            log.info("state %s: a table's epoch moved since it was saved: not loaded", key)
             return False
         if not isinstance(row[0], dict):
             raise StateFormatError(f"state {key} is not a JSON object")

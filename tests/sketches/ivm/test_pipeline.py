@@ -781,6 +781,28 @@ def test_persisted_state_resumes_after_restart(db: str) -> None:
         assert not ivm_state.load(c, "having", restarted)
 
 
+@pytest.mark.parametrize("ddl", [
+    ("TRUNCATE s1",), ("ALTER TABLE s1 ADD COLUMN z int", "ALTER TABLE s1 DROP COLUMN z")],
+    ids=["truncate", "alter"])
+def test_a_state_saved_before_truncate_or_ddl_is_not_loaded(db: str,
+                                                            ddl: tuple[str, ...]) -> None:
+    """Its table's epoch moved: the state can never be maintained again, so it is not
+    decoded only for its first maintenance to fail (``ivm_state.load``)."""
+    reset(db, ("s1",), seed_s1)
+    pipe = build(db, HAVING)
+    with psycopg.connect(db, autocommit=True) as c:
+        ivm_state.save(c, "having", pipe)
+        for statement in ddl:
+            c.execute(statement)
+    restarted = compile(analyse(HAVING.query), HAVING.targets, None, HAVING.options)
+    with psycopg.connect(db, autocommit=True) as c:
+        assert not ivm_state.load(c, "having", restarted)
+        assert restarted.version is None
+        ivm_state.save(c, "having", build(db, HAVING))   # a state of the new epoch loads
+        assert ivm_state.load(c, "having", restarted)
+        assert ivm_state.delete(c, "having")
+
+
 def _maintained_once(db: str, pipe: Pipeline, warm: bool) -> None:
     """``warm``: one maintenance first, so the next one reads its deltas pipelined in one
     round trip (``deltas.read_batch``); else it probes first."""
