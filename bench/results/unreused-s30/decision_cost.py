@@ -14,19 +14,13 @@ import statistics
 import time
 
 import psycopg
+from changing_literals import TABLES  # the sibling script's table (run by path: its folder)
 
 from bench.proxy_process import proxied
 from imp_proxy.embedded import given_or_throwaway
 
 QUERY = ("SELECT g, sum(v) FROM t WHERE day >= {c} AND g < 20 GROUP BY g HAVING sum(v) > 10"
          " ORDER BY g")
-TABLES = (
-    "CREATE TABLE t (id int PRIMARY KEY, g int NOT NULL, day int NOT NULL, v int NOT NULL)",
-    "INSERT INTO t SELECT i, i % 2000, (i * 7919::bigint) % 1000, (i * 37) % 1000"
-    " FROM generate_series(1, 1000000) i ORDER BY i % 2000",
-    "CREATE INDEX ON t (g)",
-    "VACUUM ANALYZE t",
-)
 
 
 def main() -> None:
