@@ -488,12 +488,13 @@ class Pipeline:
         keys = [_raw(g) for g in spec.group_sql]
         keys += [sql.SQL("scale({})").format(_raw(spec.agg_sql[i] or "")) for i in loose]
         ng, nk, nf = len(spec.group_sql), len(keys), len(frags)
+        scale_at = {i: ng + k for k, i in enumerate(loose)}   # column of avg i's scale
         for r in self._grouped(keys, frags, partial_sql):
             parts: list[object] = []
             at = nk + nf
             for i, a in enumerate(spec.aggs):
                 if a.func in ("sum", "avg"):
-                    one = r[ng + loose.index(i)] if i in loose else fixed.get(i)
+                    one = r[scale_at[i]] if i in scale_at else fixed.get(i)
                     parts.append((r[at], r[at + 1], one))
                     at += 2
                 else:

@@ -309,7 +309,7 @@ class SumAcc:
     def _shown_total(self) -> Decimal:
         """``total`` with the exponent PostgreSQL's sum of the values present has."""
         s = self._scale()
-        if s < 0:   # not a display scale (a numeric(p, -s) column's values have scale 0)
+        if s < 0:   # a numeric(p, -s)'s declared scale, in a state saved before session 31
             raise NotMaintainable(f"sum/avg: a negative scale {s}")
         if s != self.shown:
             self.total = numeric.EXACT.quantize(self.total, _QUANTUM[s] if s < 80
