@@ -15,6 +15,8 @@ workloads use their own table alias, so each starts on a template of its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -79,12 +81,21 @@ def workload(p: Conn, d: Conn, name: str, alias: str, setting: int) -> None:
           flush=True)
 
 
-def main() -> None:
+@contextmanager
+def served() -> Iterator[tuple[str, str]]:
+    """A throwaway PostgreSQL with the table loaded, and the proxy in front of it: (direct
+    DSN, DSN through the proxy). Also ``decision_cost.py``'s."""
     with given_or_throwaway(None) as dsn:
         with psycopg.connect(dsn, autocommit=True) as c:
             for stmt in TABLES:
                 c.execute(stmt)
-        with proxied(dsn) as via, psycopg.connect(via, autocommit=True) as p, \
+        with proxied(dsn) as via:
+            yield dsn, via
+
+
+def main() -> None:
+    with served() as (dsn, via):
+        with psycopg.connect(via, autocommit=True) as p, \
                 psycopg.connect(dsn, autocommit=True) as d:
             n = 0
             for setting in (0, 4, 0, 4):

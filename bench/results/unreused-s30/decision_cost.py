@@ -14,21 +14,15 @@ import statistics
 import time
 
 import psycopg
-from changing_literals import TABLES  # the sibling script's table (run by path: its folder)
-
-from bench.proxy_process import proxied
-from imp_proxy.embedded import given_or_throwaway
+from changing_literals import served  # the sibling script's set-up (run by path: its folder)
 
 QUERY = ("SELECT g, sum(v) FROM t WHERE day >= {c} AND g < 20 GROUP BY g HAVING sum(v) > 10"
          " ORDER BY g")
 
 
 def main() -> None:
-    with given_or_throwaway(None) as dsn:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            for stmt in TABLES:
-                c.execute(stmt)
-        with proxied(dsn) as via, psycopg.connect(via, autocommit=True) as p, \
+    with served() as (dsn, via):
+        with psycopg.connect(via, autocommit=True) as p, \
                 psycopg.connect(via, autocommit=True) as off, \
                 psycopg.connect(dsn, autocommit=True) as d:
             off.execute("IMP SET enabled = off")
