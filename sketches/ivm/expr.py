@@ -14,7 +14,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any, TypeAlias
 
 from sketches.ivm import numeric
@@ -130,12 +130,26 @@ def as_float8(v: Any) -> Any:
     ``avg = 0.33333333333333333333`` would not be ``<= 1/3::float8`` as it is in PostgreSQL.
     NaN is refused: PostgreSQL orders it above every number, Python compares it false."""
     if type(v) is int or type(v) is Decimal:
-        v = float(v)
+        v = to_float8(v)
     elif type(v) is not float:
         return v
     if v != v:
         raise NotMaintainable("comparison with NaN is not evaluated here")
     return v
+
+
+def to_float8(v: int | Decimal) -> float:
+    """PostgreSQL's cast of an integer or numeric to float8. A finite value beyond float8's
+    range is an error there (``value out of range: overflow``), where Python's ``float``
+    gives an infinity: refused (the sketch recaptures, PostgreSQL's error reaches the
+    client)."""
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if math.isinf(f) and not (type(v) is Decimal and v.is_infinite()):
+        raise NotMaintainable(f"{v} is out of float8's range: an error in PostgreSQL")
+    return f
 
 
 INT_BOUNDS = {INT2: 1 << 15, INT4: 1 << 31, INT8: 1 << 63}
@@ -169,10 +183,13 @@ class Arith:
                                   "the other side's type)")
         # PostgreSQL resolves float8 (op) numeric as float8 (op) float8
         if isinstance(a, float) and isinstance(b, Decimal):
-            b = float(b)
+            b = to_float8(b)
         elif isinstance(b, float) and isinstance(a, Decimal):
-            a = float(a)
-        out = _ARITH[self.op](a, b)
+            a = to_float8(a)
+        try:
+            out = _ARITH[self.op](a, b)
+        except InvalidOperation as exc:   # Infinity × 0, Infinity − Infinity: NaN there
+            raise NotMaintainable(f"{self.sql}: a numeric NaN in PostgreSQL") from exc
         if self.result_type:
             self._check_range(a, b, out)
         return out

@@ -32,7 +32,7 @@ groups exist, which the row count tells).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, IsNull, Not, Or
@@ -144,8 +144,9 @@ def _renumber(e: Expr, width: int, kept: Sequence[int]) -> Expr:
         return e if e.index < width else Col(width + kept.index(e.index - width))
     if isinstance(e, And | Or):
         return type(e)(tuple(_renumber(a, width, kept) for a in e.args))
-    if isinstance(e, Cmp | Arith):
-        return type(e)(e.op, _renumber(e.left, width, kept), _renumber(e.right, width, kept))
+    if isinstance(e, Cmp | Arith):   # replace: an Arith keeps its text and result type
+        return replace(e, left=_renumber(e.left, width, kept),
+                       right=_renumber(e.right, width, kept))
     if isinstance(e, Not):
         return Not(_renumber(e.arg, width, kept))
     if isinstance(e, IsNull):

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import psycopg
 import pytest
+from psycopg.errors import NumericValueOutOfRange
 
+from sketches.errors import CaptureError
 from sketches.manager import SketchManager, SketchSettings
 from tests.sketches.test_maintained_types import run_checked
 from tests.sketches.test_manager_ivm import check, db, fresh_table
@@ -137,3 +139,38 @@ def test_a_nan_written_under_min_max_is_refused_not_an_engine_error(db: str,
             assert m.stats().get("engine_errors", 0) == 0, m.stats()
         finally:
             m.close()
+
+
+@pytest.mark.parametrize("having", ["max(f) > sum(n)", "max(n) < 1e300::float8",
+                                    "max(f) + max(n) < 100"])
+def test_a_numeric_beyond_float8_beside_a_float_fails_as_in_postgresql(db: str,
+                                                                       having: str) -> None:
+    """PostgreSQL casts a numeric to float8 beside a float8 and fails (22003) on a value
+    beyond float8's range; Python's ``float`` gave an infinity, the group failed its HAVING
+    and the maintained sketch answered 0 rows instead of the error. Refused now: recaptured,
+    and the capture fails as the query does. Once the value is gone, maintained again."""
+    q = f"SELECT g, count(*) FROM nm_big GROUP BY g HAVING {having}"
+    m = SketchManager(SketchSettings(fragments=10))
+    try:
+        with psycopg.connect(db, autocommit=True) as c:
+            fresh_table(c, "nm_big", "id serial PRIMARY KEY, g int, f float8, n numeric",
+                        "(g, f, n) SELECT i % 40, (i % 97)::float8, (i % 13)::numeric"
+                        " FROM generate_series(1, 2000) i")
+            assert check(m, c, q, None).decision == "capture"
+            c.execute("INSERT INTO nm_big (g, f, n) VALUES (7, 1, 1e400)")
+            c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            try:
+                row = c.execute("SELECT current_setting('search_path'),"
+                                " pg_current_snapshot()::text").fetchone()
+                assert row is not None
+                with pytest.raises(CaptureError) as raised:
+                    m.prepare(c, q, None, row[0], snapshot=row[1])
+                assert isinstance(raised.value.__cause__, NumericValueOutOfRange)
+            finally:
+                c.execute("ROLLBACK")
+            with pytest.raises(NumericValueOutOfRange):
+                c.execute(q)
+            c.execute("DELETE FROM nm_big WHERE n = 1e400")
+            assert check(m, c, q, None).decision in ("use", "capture")
+    finally:
+        m.close()

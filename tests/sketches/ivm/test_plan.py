@@ -112,6 +112,23 @@ def test_arithmetic_keeps_postgresqls_ranges() -> None:
                              ).eval((0, v))
 
 
+def test_numeric_values_python_cannot_follow_are_refused() -> None:
+    """Cases where Python's numeric arithmetic parts from PostgreSQL's: a numeric beyond float8's
+    range cast to float8 is an error in PostgreSQL (Python's ``float`` made it an infinity);
+    ``Infinity × 0`` and ``Infinity − Infinity`` are NaN there (Python's Decimal raised its own
+    InvalidOperation). Each is refused, so the sketch recaptures."""
+    n, f = Col(0), Col(1)      # max(n) over numeric, max(f) over float8
+    big, inf = Decimal("1e400"), Decimal("Infinity")
+    for expr, row in [(Cmp(">", f, n), (big, 1.0)), (Cmp("<", n, Const(1e300)), (big, 0.0)),
+                      (Cmp("<", Arith("+", f, n), Const(100)), (big, 1.0)),
+                      (Cmp(">", Arith("*", n, Const(0)), Const(5)), (inf, 0.0)),
+                      (Cmp(">", Arith("-", n, n), Const(5)), (inf, 0.0))]:
+        with pytest.raises(NotMaintainable):
+            expr.eval(row)
+    assert Cmp(">", f, n).eval((Decimal("1e300"), 1.0)) is False
+    assert Cmp(">", f, n).eval((-inf, 1.0)) is True
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     # found: the leaf t.a + 1 read at the start of t.a + 1 * -1, as (t.a + 1) * -1
     ("t.a + 1 * -1", Arith("+", Col(0), Arith("*", Const(1), Const(-1)))),

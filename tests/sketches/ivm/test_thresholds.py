@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pg_extensions
-from sketches.ivm.expr import And, Cmp, Col, Const, Expr, Not, Or
+from sketches.ivm.errors import NotMaintainable
+from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, Not, Or
 from sketches.ivm.plan import Options, SketchTarget, compile
+from sketches.ivm.sqltext import arithmetic
 from sketches.ivm.thresholds import Counter, rewrite
 from sketches.ranges import RangePartition
 from sketches.sql import analyse
@@ -54,6 +56,21 @@ def test_other_aggregates_keep_their_columns_and_unread_ones_go() -> None:
     assert rw is not None and rw.kept == (2,) and rw.counters == (Counter(1, ">=", Decimal("2.5")),)
     assert rw.having == Or((Cmp(">", agg(0), Const(1)), Cmp(">", agg(1), Const(0)),
                             Cmp("=", Col(0), Const(3))))
+
+
+def test_kept_arithmetic_keeps_its_type() -> None:
+    """Found: the rewrite rebuilt ``max(a) * 10000000`` without its text and result type, so it
+    no longer refused an int4 overflow; ``300 * 10^7 < 0`` was simply false, the group went
+    missing, and the client got rows where PostgreSQL raises ``integer out of range``."""
+    product = Arith("*", agg(1), Const(10_000_000), "max(a) * 10000000", 23)
+    rw = rewrite(Or((Cmp("<", agg(0), Const(5)), Cmp("<", product, Const(0)))), W,
+                 ["min", "max", "count_star"])
+    assert rw is not None and rw.kept == (1,)
+    moved = Arith("*", agg(0), Const(10_000_000), "max(a) * 10000000", 23)
+    assert rw.having == Or((Cmp(">", agg(1), Const(0)), Cmp("<", moved, Const(0))))
+    assert [a.result_type for a in arithmetic(rw.having)] == [23]
+    with pytest.raises(NotMaintainable, match="integer out of range"):
+        rw.having.eval((39, 300, 0))
 
 
 @pytest.mark.parametrize("having", [
