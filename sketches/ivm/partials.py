@@ -29,6 +29,7 @@ change of one scale carries it in its sum.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -40,7 +41,7 @@ from sketches.ivm.errors import InconsistentDelta
 from sketches.ivm.numeric import finite_difference
 from sketches.ivm.ops.aggregate import Partial, ValueChange
 from sketches.ivm.plan import PlanSpec, TableSpec
-from sketches.typeoids import NUMERIC
+from sketches.typeoids import INTEGERS, NUMERIC
 
 PREAGGREGATABLE = frozenset({"count_star", "count", "sum", "avg", "min", "max"})
 Conn = psycopg.Connection[Any]
@@ -71,14 +72,25 @@ def _text(text: str) -> sql.Composable:
     return sql.SQL(text.replace("%", "%%"))
 
 
-def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> deltas.DeltaQuery:
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What :func:`parse` must know of the query :func:`query` built: ``integer``, the
+    sum/avg aggregates (indexes) whose argument is an integer, read as one signed sum."""
+
+    integer: frozenset[int] = frozenset()
+
+
+def query(conn: Conn, spec: PlanSpec,
+          infos: Sequence[deltas.TableInfo]) -> tuple[deltas.DeltaQuery, Layout]:
     """The pre-aggregated delta of ``spec`` (tables tracked as ``infos``, in join order).
 
     Columns: group keys, one fragment id per sketched table, per min/max aggregate its value
     and ``GROUPING`` flag, the row-count change, per count/sum/avg aggregate its partial
     change(s) (sum/avg: sum over positive weights, sum over negative weights, non-NULL count
-    change, the fixed scale of an avg's ``numeric(p, s)`` argument or NULL; count: non-NULL count
-    change), and last the number of joined audit rows whose multiplicity is not ±1. With
+    change, the fixed scale of an avg's ``numeric(p, s)`` argument or NULL — of an integer
+    argument (``layout.integer``) only the difference of the two sums and the count change;
+    count: non-NULL count change), and last the number of joined audit rows whose multiplicity
+    is not ±1. With
     min/max the rows come from grouping sets: (groups,
     fragments) rows carry the partials, (groups, value of aggregate i) rows — flag 0 — the
     value's net multiplicity change in the row-count column. An avg argument of type numeric
@@ -91,7 +103,9 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     ng, nf = len(spec.group_sql), len(_sketched(spec))
     gcols = [sql.SQL(f"_g{i}") for i in range(ng)]
     fcols = [sql.SQL(f"_f{i}") for i in range(nf)]
-    loose, fixed = scales(conn, spec)
+    types = summed_types(conn, spec)
+    loose, fixed = scales(conn, spec, types)
+    integer = frozenset(i for i, (oid, _s) in types.items() if oid in INTEGERS)
     scols = [sql.SQL(f"scale(_a{i})") for i in loose]
     vcols = [sql.SQL(f"_a{i}") for i in _valued(spec)]
     cols: list[sql.Composable] = [*gcols, *fcols, *vcols]
@@ -99,7 +113,10 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
     cols.append(sql.SQL("sum(_w)"))
     for i, a in enumerate(spec.aggs):
         nonnull = sql.SQL(f"coalesce(sum(_w) FILTER (WHERE _a{i} IS NOT NULL), 0)")
-        if a.func in ("sum", "avg"):
+        if i in integer:   # exact: no NaN or infinity, the sums' type holds any difference
+            cols += [sql.SQL(f"coalesce(sum(_a{i}) FILTER (WHERE _w > 0), 0)"
+                             f" - coalesce(sum(_a{i}) FILTER (WHERE _w < 0), 0)"), nonnull]
+        elif a.func in ("sum", "avg"):
             cols += [sql.SQL(f"sum(_a{i}) FILTER (WHERE _w > 0)"),
                      sql.SQL(f"sum(_a{i}) FILTER (WHERE _w < 0)"), nonnull,
                      sql.SQL("{}::int").format(sql.Literal(fixed.get(i)))]
@@ -116,12 +133,28 @@ def query(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo]) -> delt
                  if ng + nf + len(scols) else sql.SQL(""))
     text = sql.SQL("SELECT {} FROM ({}) AS _d{}").format(
         sql.SQL(", ").join(cols), sql.SQL(" UNION ALL ").join(terms), group)
+    layout = Layout(integer)
     if len(infos) == 1:
-        return _reading(conn, infos, text)
-    return _reading(conn, infos, text, setup=_join_setup(conn, spec, infos))
+        return _reading(conn, infos, text), layout
+    return _reading(conn, infos, text, setup=_join_setup(conn, spec, infos)), layout
 
 
-def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
+def summed_types(conn: Conn, spec: PlanSpec) -> dict[int, tuple[int, int | None]]:
+    """The type oid and declared scale (None: none) of each sum/avg aggregate's argument (by
+    aggregate index), from a ``LIMIT 0`` query over the tables."""
+    summed = [i for i, a in enumerate(spec.aggs) if a.func in ("sum", "avg")]
+    if not summed:
+        return {}
+    args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in summed)
+    tables = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
+        sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
+    cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
+    return {i: (col.type_code, col.scale)
+            for i, col in zip(summed, cur.description or [], strict=True)}
+
+
+def scales(conn: Conn, spec: PlanSpec, types: dict[int, tuple[int, int | None]] | None = None
+           ) -> tuple[list[int], dict[int, int]]:
     """The avg aggregates (indexes) whose argument is a numeric without a fixed scale, and the
     scale of each whose argument is a ``numeric(p, s)`` (all its values have scale ``s``: the
     accumulator counts them exactly, ``accumulators.SumAcc``; 0 for a negative ``s``, which
@@ -129,16 +162,14 @@ def scales(conn: Conn, spec: PlanSpec) -> tuple[list[int], dict[int, int]]:
     scale 0 — taken as −2, avg's total was quantized to 78 digits, a wrong answer beside a
     constant). A sum's scale does not count
     (compared or added, its value is all the engine uses). The types come from a ``LIMIT 0``
-    query over the tables. Other types have no scale (int: always 0)."""
-    averaged = [i for i, a in enumerate(spec.aggs) if a.func == "avg"]
-    if not averaged:
+    query over the tables (:func:`summed_types`, unless given). Other types have no scale
+    (int: always 0)."""
+    if not any(a.func == "avg" for a in spec.aggs):
         return [], {}
-    args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in averaged)
-    tables = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
-        sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
-    cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
-    numeric = [(i, col.scale) for i, col in zip(averaged, cur.description or [], strict=True)
-               if col.type_code == NUMERIC]
+    if types is None:
+        types = summed_types(conn, spec)
+    numeric = [(i, s) for i, (oid, s) in types.items()
+               if spec.aggs[i].func == "avg" and oid == NUMERIC]
     return ([i for i, s in numeric if s is None],
             {i: max(s, 0) for i, s in numeric if s is not None})
 
@@ -284,21 +315,34 @@ def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
         sql.SQL(", ").join(select), sql.SQL(", ").join(items), sql.SQL(" AND ").join(conds))
 
 
-def parse(spec: PlanSpec,
-          rows: Sequence[tuple[Any, ...]]) -> tuple[list[Partial], list[ValueChange]]:
-    """The rows of :func:`query` as ``Aggregate.step_partials`` input."""
+_COUNT, _SUMS, _SUM = 0, 1, 2
+
+
+def parse(spec: PlanSpec, rows: Sequence[tuple[Any, ...]],
+          layout: Layout = Layout()) -> tuple[list[Partial], list[ValueChange]]:
+    """The rows of :func:`query` (built with ``layout``) as ``Aggregate.step_partials``
+    input."""
     slots = [t.slot for t in _sketched(spec)]
     valued = _valued(spec)
     ng, nv = len(spec.group_sql), len(valued)
     at_v = ng + len(slots)
     at0 = at_v + 2 * nv
     frag_cols = [(s, ng + k) for k, s in enumerate(slots) if s is not None]
-    layout: list[tuple[int, bool]] = []     # (first column or -1 for min/max, sum/avg?)
+    # (first column or -1 for min/max, its kind: _COUNT, _SUMS (split by sign) or _SUM)
+    columns: list[tuple[int, int]] = []
     at = at0 + 1
-    for a in spec.aggs:
-        summed = a.func in ("sum", "avg")
-        layout.append((-1, False) if a.func in ("min", "max") else (at, summed))
-        at += 4 if summed else 0 if a.func in ("min", "max") else 1
+    for i, a in enumerate(spec.aggs):
+        if a.func in ("min", "max"):
+            columns.append((-1, _COUNT))
+        elif i in layout.integer:
+            columns.append((at, _SUM))
+            at += 2
+        elif a.func in ("sum", "avg"):
+            columns.append((at, _SUMS))
+            at += 4
+        else:
+            columns.append((at, _COUNT))
+            at += 1
     out: list[Partial] = []
     values: list[ValueChange] = []
     one = frag_cols[0] if len(frag_cols) == 1 else None
@@ -310,10 +354,12 @@ def parse(spec: PlanSpec,
             values.append((r[:ng], valued[j], r[at_v + j], r[at0]))
             continue
         parts: list[object] = []
-        for c, summed in layout:   # a loop, not a comprehension: no call per row
+        for c, kind in columns:   # a loop, not a comprehension: no call per row
             if c < 0:
                 parts.append(None)
-            elif summed:
+            elif kind == _SUM:
+                parts.append((r[c], r[c + 1]))
+            elif kind == _SUMS:
                 pos, neg = r[c], r[c + 1]
                 if pos is None:
                     pos = 0

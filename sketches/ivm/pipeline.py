@@ -211,6 +211,7 @@ class Pipeline:
         passing its WHERE, even if a join made nothing of them (0: no delta)."""
         self._conn: Conn | None = None
         self._queries: list[deltas.DeltaQuery] | None = None
+        self._layout = partials.Layout()   # of the pre-aggregated query in _queries
         self._reset()
 
     def _reset(self) -> None:
@@ -722,7 +723,7 @@ class Pipeline:
                        infos: Sequence[deltas.TableInfo]) -> list[deltas.DeltaQuery]:
         """One pre-aggregated query for all tables, or one row fetch per table."""
         if self._preaggregated():
-            summed = partials.query(conn, self.spec, infos)
+            summed, self._layout = partials.query(conn, self.spec, infos)
             if not self.spec.joins:
                 return [summed]
             return [summed, partials.touched_query(conn, self.spec, infos)]
@@ -749,7 +750,7 @@ class Pipeline:
         some table had delta rows (:func:`partials.touched_query`)."""
         agg = self.aggregate
         assert agg is not None
-        changes, values = partials.parse(self.spec, rows)
+        changes, values = partials.parse(self.spec, rows, self._layout)
         if not changes:
             self.applied = int(touched)
             self.version = current
