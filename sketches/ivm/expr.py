@@ -152,6 +152,9 @@ def to_float8(v: int | Decimal) -> float:
     return f
 
 
+_NUMBERS = (int, float, Decimal)
+
+
 INT_BOUNDS = {INT2: 1 << 15, INT4: 1 << 31, INT8: 1 << 63}
 """Integer result types (smallint, integer, bigint) and the magnitude their values stay below."""
 
@@ -181,6 +184,10 @@ class Arith:
         if isinstance(a, str) or isinstance(b, str):
             raise NotMaintainable("arithmetic on a quoted literal (PostgreSQL reads it as "
                                   "the other side's type)")
+        if not isinstance(a, _NUMBERS) or not isinstance(b, _NUMBERS):
+            # date − date is an integer there, a timedelta here
+            raise NotMaintainable(f"{self.sql}: arithmetic on {type(a).__name__} and "
+                                  f"{type(b).__name__} is not evaluated in Python")
         # PostgreSQL resolves float8 (op) numeric as float8 (op) float8
         if isinstance(a, float) and isinstance(b, Decimal):
             b = to_float8(b)

@@ -88,12 +88,26 @@ def param_literal(value: object, conn: psycopg.Connection[Any] | None = None) ->
     numeric has no ``-0``: found, ``s = $1::text`` with ``-0.0`` built a state that matched
     no row.) A Decimal is a numeric (psycopg's literal of ``Decimal(2)`` is ``2``, an
     integer: found, ``v / $1`` divided integers in the delta reads, and a numeric query
-    shared the state of an int one)."""
+    shared the state of an int one.) An int is the narrowest of smallint, integer, bigint and
+    numeric that holds it, as psycopg binds it (a bare ``2`` is an integer: found, ``max(s) *
+    $1`` over a smallint with 2 bound was typed integer in the engine and in the delta reads,
+    and a smallint overflow PostgreSQL raises for the query was a number there: rows instead
+    of the error)."""
     if type(value) is float:
         return f"'{value!r}'::float8"
     if type(value) is Decimal:
         return f"'{value}'::numeric"
+    if type(value) is int:
+        return f"'{value}'::{_int_type(value)}"
     return sql.Literal(value).as_string(conn)
+
+
+def _int_type(value: int) -> str:
+    """The type psycopg binds ``value`` as (``psycopg.types.numeric.IntDumper.upgrade``)."""
+    for bits, name in ((16, "int2"), (32, "int4"), (64, "int8")):
+        if -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            return name
+    return "numeric"
 
 
 def bind_params(text: str, params: Sequence[object] | None,

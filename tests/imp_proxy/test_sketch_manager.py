@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.numeric import Float4
+from psycopg.types.numeric import Float4, Int4
 
 import pg_extensions
 
@@ -227,6 +227,70 @@ def test_arithmetic_that_overflows_in_postgresql_fails_as_it_does_there(
         d.execute(f"UPDATE {table} SET v = 23 WHERE id = 23")
         for _ in range(2):
             assert _same_or_same_error(c, d, q) is None
+
+
+@pytest.mark.parametrize(("table", "query", "write"), [
+    ("i2_having", "SELECT g, count(*) FROM i2_having GROUP BY g HAVING max(s) * %s < 0",
+     "UPDATE i2_having SET s = 20000 WHERE id = 23"),
+    ("i2_where", "SELECT g, count(*) FROM i2_where WHERE s * %s >= 0 GROUP BY g"
+     " HAVING count(*) > 105", "INSERT INTO i2_where (g, s) VALUES (7, 32767)"),
+])
+def test_a_small_int_parameter_is_a_smallint_everywhere(ldsn: str, db_dsn: str, table: str,
+                                                         query: str, write: str) -> None:
+    """psycopg binds 2 as a smallint, so ``s * $1`` over a smallint column is smallint
+    arithmetic and PostgreSQL fails with ``smallint out of range`` once a row makes it
+    overflow. The engine's statements (the arithmetic's type, the delta reads) inlined the 2 as
+    a bare literal, an integer: the overflow was a number there, the group or row went missing
+    and the proxy answered rows where PostgreSQL fails (found). Now the client gets
+    PostgreSQL's error, and once the row is gone the query is exact again."""
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute(f"CREATE TABLE {table} (id serial PRIMARY KEY, g int, s smallint)")
+        d.execute(f"INSERT INTO {table} (g, s) SELECT i % 40, i % 7"
+                  " FROM generate_series(1, 4000) i")
+        d.execute(f"ANALYZE {table}")
+        pg_extensions.install(d)   # tracked before the capture: maintained, not recaptured
+        d.execute("SELECT imp.track_table(%s::regclass)", (table,))
+
+        def outcome(conn: psycopg.Connection[Any]) -> tuple[str, object]:
+            try:
+                return "rows", conn.execute(query, (2,)).fetchall()
+            except psycopg.Error as exc:
+                return "error", (exc.sqlstate, str(exc))
+
+        def same() -> tuple[str, object]:
+            got = outcome(c)
+            assert got == outcome(d), got
+            return got
+        rounds_until_used(c, same)
+        d.execute(write)
+        for _ in range(2):
+            assert same() == ("error", ("22003", "smallint out of range"))
+        d.execute(f"DELETE FROM {table} WHERE s >= 20000")
+        for _ in range(2):
+            assert same()[0] == "rows"
+
+
+def test_a_shifted_parameter_passes_through(ldsn: str, db_dsn: str) -> None:
+    """A client's integer parameter 1 (JDBC's ``setInt``: declared integer) shifted left:
+    ``1 << 20`` is 1048576 as an integer, 0 as the smallint psycopg binds 1 as in the capture.
+    The capture's WHERE dropped every group from 16 on: 8 rows instead of 23 (found). Such a
+    query passes through; the same with a literal is sketched."""
+    q = ("SELECT g, count(*) FROM shl WHERE (%s << g) > 100 GROUP BY g HAVING count(*) > 5"
+         " ORDER BY g")
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        d.execute("CREATE TABLE shl (id serial PRIMARY KEY, g int, s smallint)")
+        d.execute("INSERT INTO shl (g, s) SELECT i % 30, i % 7 FROM generate_series(1, 6000) i")
+        d.execute("ANALYZE shl")
+        pg_extensions.install(d)
+        d.execute("SELECT imp.track_table('shl'::regclass)")
+        want = d.execute(q, (Int4(1),)).fetchall()
+        assert len(want) == 23
+        for _ in range(3):
+            assert c.execute(q, (Int4(1),)).fetchall() == want
+        literal = q.replace("%s", "1")
+        rounds_until_used(c, lambda: _same_rows_as(c, d, literal, None))
 
 
 def test_a_float4_parameter_is_read_as_postgresql_reads_it(ldsn: str, db_dsn: str) -> None:

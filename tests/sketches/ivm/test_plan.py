@@ -12,7 +12,7 @@ from sketches.ivm.errors import NotMaintainable
 from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, IsNull, Not, Or
 from sketches.ivm.ops.select import value_vs_constant
 from sketches.ivm.plan import SketchTarget, compile
-from sketches.ivm.sqltext import arithmetic, bind_params, parse_expression
+from sketches.ivm.sqltext import arithmetic, bind_params, param_literal, parse_expression
 from sketches.ranges import RangePartition
 from sketches.sql import analyse
 
@@ -44,7 +44,7 @@ def test_layout_of_join_aggregate() -> None:
     assert [t.alias for t in spec.tables] == ["r", "s"]
     r, s = spec.tables
     assert r.payload[0] == '"r"."id"' and s.payload[0] == '"s"."rid"'  # join keys first
-    assert s.where == ("s.b > 3",)                                     # bound, pushed down
+    assert s.where == ("s.b > '3'::int2",)    # bound as psycopg binds 3, pushed down
     assert r.slot == 0 and s.slot is None and r.fragment is not None
     assert spec.joins[0].left_key == (0,) and spec.joins[0].right_key == (0,)
     assert spec.kind == "aggregate" and not spec.scalar
@@ -127,6 +127,27 @@ def test_numeric_values_python_cannot_follow_are_refused() -> None:
             expr.eval(row)
     assert Cmp(">", f, n).eval((Decimal("1e300"), 1.0)) is False
     assert Cmp(">", f, n).eval((-inf, 1.0)) is True
+
+
+def test_date_arithmetic_is_refused() -> None:
+    """``max(d) - min(d)`` over dates is an integer of days in PostgreSQL, a timedelta in
+    Python (found: its range check raised TypeError, an engine error, and ``= 0`` would be
+    false for equal dates). Refused: the sketch recaptures."""
+    days = Arith("-", Col(0), Col(1), "max(t.d) - min(t.d)", 23)
+    with pytest.raises(NotMaintainable, match="not evaluated in Python"):
+        Cmp("=", days, Const(0)).eval((dt.date(2024, 1, 2), dt.date(2024, 1, 2)))
+
+
+@pytest.mark.parametrize(("value", "literal"), [
+    (2, "'2'::int2"), (-32768, "'-32768'::int2"), (32768, "'32768'::int4"),
+    (-(1 << 31) - 1, "'-2147483649'::int8"), (1 << 63, f"'{1 << 63}'::numeric"),
+    (2.0, "'2.0'::float8"), (Decimal("2"), "'2'::numeric"),
+])
+def test_a_parameter_is_inlined_with_the_type_psycopg_binds(value: object,
+                                                            literal: str) -> None:
+    """An inlined parameter means what the bound one means in the capture (psycopg's types:
+    the narrowest integer type that holds an int)."""
+    assert param_literal(value) == literal
 
 
 @pytest.mark.parametrize(("text", "expected"), [
