@@ -192,6 +192,16 @@ def test_queries_that_read_the_clock_are_answered_at_their_own_time(
             assert "reads the clock" in str(explain["reason"]), explain
 
 
+def _tracked(d: psycopg.Connection[Any], table: str, columns: str, fill: str) -> None:
+    """``table`` created with ``columns``, filled by ``INSERT INTO table fill``, analysed and
+    tracked before any capture (its sketches are maintained, not recaptured)."""
+    d.execute(f"CREATE TABLE {table} ({columns})")
+    d.execute(f"INSERT INTO {table} {fill}")
+    d.execute(f"ANALYZE {table}")
+    pg_extensions.install(d)
+    d.execute("SELECT imp.track_table(%s::regclass)", (table,))
+
+
 @pytest.mark.parametrize(("table", "value", "having"), [
     ("ov_int", "3000000", "max(v) * 1000 < 3962000"),          # integer * integer: integer
     ("ov_big", "4000000000000000", "max(v) * 3000 < 11886000"),  # bigint * integer: bigint
@@ -212,11 +222,8 @@ def test_arithmetic_that_overflows_in_postgresql_fails_as_it_does_there(
     kind = {"ov_int": "int", "ov_big": "bigint", "ov_float": "float8", "ov_counted": "int"}[table]
     with psycopg.connect(db_dsn, autocommit=True) as d, \
             psycopg.connect(ldsn, autocommit=True) as c:
-        d.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, g int NOT NULL, v {kind})")
-        d.execute(f"INSERT INTO {table} SELECT i, i % 40, i FROM generate_series(1, 4000) i")
-        d.execute(f"ANALYZE {table}")
-        pg_extensions.install(d)   # tracked before the capture: maintained, not recaptured
-        d.execute("SELECT imp.track_table(%s::regclass)", (table,))
+        _tracked(d, table, f"id int PRIMARY KEY, g int NOT NULL, v {kind}",
+                 "SELECT i, i % 40, i FROM generate_series(1, 4000) i")
         rounds_until_used(c, lambda: _same_or_same_error(c, d, q))
         assert len(d.execute(q).fetchall()) == 1
         sketch = [r for r in c.execute("IMP SHOW SKETCHES").fetchall() if table in r[2]]
@@ -245,12 +252,8 @@ def test_a_small_int_parameter_is_a_smallint_everywhere(ldsn: str, db_dsn: str, 
     PostgreSQL's error, and once the row is gone the query is exact again."""
     with psycopg.connect(db_dsn, autocommit=True) as d, \
             psycopg.connect(ldsn, autocommit=True) as c:
-        d.execute(f"CREATE TABLE {table} (id serial PRIMARY KEY, g int, s smallint)")
-        d.execute(f"INSERT INTO {table} (g, s) SELECT i % 40, i % 7"
-                  " FROM generate_series(1, 4000) i")
-        d.execute(f"ANALYZE {table}")
-        pg_extensions.install(d)   # tracked before the capture: maintained, not recaptured
-        d.execute("SELECT imp.track_table(%s::regclass)", (table,))
+        _tracked(d, table, "id serial PRIMARY KEY, g int, s smallint",
+                 "(g, s) SELECT i % 40, i % 7 FROM generate_series(1, 4000) i")
 
         def outcome(conn: psycopg.Connection[Any]) -> tuple[str, object]:
             try:
@@ -280,11 +283,8 @@ def test_a_shifted_parameter_passes_through(ldsn: str, db_dsn: str) -> None:
          " ORDER BY g")
     with psycopg.connect(db_dsn, autocommit=True) as d, \
             psycopg.connect(ldsn, autocommit=True) as c:
-        d.execute("CREATE TABLE shl (id serial PRIMARY KEY, g int, s smallint)")
-        d.execute("INSERT INTO shl (g, s) SELECT i % 30, i % 7 FROM generate_series(1, 6000) i")
-        d.execute("ANALYZE shl")
-        pg_extensions.install(d)
-        d.execute("SELECT imp.track_table('shl'::regclass)")
+        _tracked(d, "shl", "id serial PRIMARY KEY, g int, s smallint",
+                 "(g, s) SELECT i % 30, i % 7 FROM generate_series(1, 6000) i")
         want = d.execute(q, (Int4(1),)).fetchall()
         assert len(want) == 23
         for _ in range(3):
@@ -303,11 +303,8 @@ def test_a_float4_parameter_is_read_as_postgresql_reads_it(ldsn: str, db_dsn: st
          " ORDER BY g")
     with psycopg.connect(db_dsn, autocommit=True) as d, \
             psycopg.connect(ldsn, autocommit=True) as c:
-        d.execute("CREATE TABLE fq (id serial PRIMARY KEY, g int, s text)")
-        d.execute("INSERT INTO fq (g, s) SELECT i % 40, 'x' FROM generate_series(1, 5200) i")
-        d.execute("ANALYZE fq")
-        pg_extensions.install(d)
-        d.execute("SELECT imp.track_table('fq'::regclass)")
+        _tracked(d, "fq", "id serial PRIMARY KEY, g int, s text",
+                 "(g, s) SELECT i % 40, 'x' FROM generate_series(1, 5200) i")
         as_text = q.replace("%b", "%s")   # a str: PostgreSQL infers text
         rounds_until_used(c, lambda: _same_rows_as(c, d, q, (0.1,)))
         rounds_until_used(c, lambda: _same_rows_as(c, d, as_text, ("0.1",)))
