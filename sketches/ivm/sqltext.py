@@ -34,12 +34,18 @@ _TOKEN = re.compile(r"""
   | (?P<op>::|<=|>=|<>|!=|\|\||[-+*/%<>=(),.\[\];:^~!@#&|`?])
 """, re.VERBOSE)
 
+def _to_int(v: object) -> int:
+    """An integer cast of a constant whose text is an integer; others (PostgreSQL rounds
+    ``7.5::int`` to 8, Python's ``int('7.5')`` fails) are refused."""
+    text = str(v)
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise NotMaintainable(f"cast of {text!r} to an integer is not evaluated in Python")
+    return int(text)
+
+
 _CASTS: dict[str, Callable[[object], object]] = {
     "numeric": lambda v: Decimal(str(v)), "decimal": lambda v: Decimal(str(v)),
-    "int": lambda v: int(str(v)), "integer": lambda v: int(str(v)),
-    "int4": lambda v: int(str(v)), "int8": lambda v: int(str(v)),
-    "bigint": lambda v: int(str(v)), "smallint": lambda v: int(str(v)),
-    "int2": lambda v: int(str(v)),
+    **dict.fromkeys(("int", "integer", "int4", "int8", "bigint", "smallint", "int2"), _to_int),
 }
 
 
