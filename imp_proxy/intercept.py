@@ -587,11 +587,13 @@ def _count_outcome(s: Session, outcome: PrepareOutcome) -> None:
         s.router.count("captured")
 
 
-async def _wrappable(s: Session, sql: str) -> Decision | None:
+async def _wrappable(s: Session, sql: str, bound: bool = False) -> Decision | None:
     """The library's decision when it calls ``sql`` a candidate and the backend is idle with
     nothing in flight (DESIGN §5: the proxy injects only on an idle backend, outside client
-    transactions), else None."""
-    decision = await s.router.classify(sql)
+    transactions), else None. ``bound``: the statement has parameters (a first sight is
+    then not declined before its analysis: the decline needs their values)."""
+    idle = s.scanner.status == ord("I") and s.idle
+    decision = await s.router.classify(sql, None if bound or not idle else s.dbname)
     wrappable = decision.candidate and s.scanner.status == ord("I") and s.idle
     return decision if wrappable else None
 
@@ -629,7 +631,7 @@ async def wrap_batch(s: Session, raw: bytes, shape: BatchShape) -> None:
     """A sketchable extended-protocol batch: the client's Bind is moved to a proxy-owned
     statement holding the instrumented SQL (same parameter types); its replies the client
     did not cause (the proxy's Parse/Close/COMMIT) are swallowed."""
-    decision = await _wrappable(s, shape.sql)
+    decision = await _wrappable(s, shape.sql, bool(shape.bind.params))
     if decision is None:
         _forward_original(s, raw)
         return

@@ -293,6 +293,41 @@ def test_a_shifted_parameter_passes_through(ldsn: str, db_dsn: str) -> None:
         rounds_until_used(c, lambda: _same_rows_as(c, d, literal, None))
 
 
+@pytest.mark.parametrize("simple", [False, True])
+def test_a_declined_first_sight_is_relayed_without_its_analysis(
+        start_proxy: StartProxy, db_dsn: str, simple: bool) -> None:
+    """After ``unreused_captures`` captures of a template that were never used again, a new
+    text of it passes through at first sight: now decided in the classification's worker
+    call, before the text's analysis and without the wrapping (a declined query cost about
+    4 ms more than relayed: ``bench/results/unreused-s30``). The decision is not cached: the
+    text's second execution is captured. Every answer is PostgreSQL's."""
+    table = "ud_simple" if simple else "ud_ext"
+    q = f"SELECT g, sum(v) FROM {table} WHERE day >= {{}} GROUP BY g HAVING sum(v) > 10 ORDER BY g"
+    proxy = start_proxy(hook="sketches.manager:SketchManager")
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(via_proxy(db_dsn, proxy.port), autocommit=True) as c:
+        _tracked(d, table, "id serial PRIMARY KEY, g int, day int, v int",
+                 "(g, day, v) SELECT i % 50, i % 100, i % 7 FROM generate_series(1, 20000) i")
+        c.execute("IMP SET unreused_captures = 2")
+        cur = psycopg.ClientCursor(c) if simple else c.cursor()
+
+        def same(constant: int) -> None:
+            text = q.format(constant)
+            assert cur.execute(text).fetchall() == d.execute(text).fetchall()
+        for constant in (1, 2):   # captured, never used again
+            same(constant)
+        before = stats(c)
+        same(3)
+        after = stats(c)
+        assert int(after["proxy.declined_at_first_sight"]) == \
+            int(before.get("proxy.declined_at_first_sight", 0)) + 1
+        assert after["proxy.wrapped"] == before["proxy.wrapped"]
+        same(3)   # its second execution: captured
+        again = stats(c)
+        assert int(again["proxy.captured"]) == int(after["proxy.captured"]) + 1
+        assert again["proxy.declined_at_first_sight"] == after["proxy.declined_at_first_sight"]
+
+
 def test_a_float4_parameter_is_read_as_postgresql_reads_it(ldsn: str, db_dsn: str) -> None:
     """A binary float4 parameter was decoded as its float8 widening and inlined into the
     delta reads as ``'0.10000000149011612'::float8``: ``s <> $1::text`` then counted rows
