@@ -709,7 +709,7 @@ class SketchManager(IncrementalMaintenance):
             if refreshed is None:
                 if _same_values(entry.instance, inst):
                     carried = carried or entry.strategy
-                self._forget(conn, tmpl, entry)
+                self._forget(tmpl, entry)
                 continue
             if refreshed is not entry.sketch:
                 entry.maintenances += 1
@@ -1377,14 +1377,15 @@ class SketchManager(IncrementalMaintenance):
         tmpl.entries.extend(loaded[:room])
         tmpl.loaded = True
 
-    def _forget(self, conn: psycopg.Connection[Any], tmpl: _Template, entry: _Entry) -> None:
-        tmpl.entries.remove(entry)
-        self.detach(entry)
-        if self.settings.persist and entry.sketch.id is not None and entry.sketch.id > 0:
-            catalog.invalidate(conn, entry.sketch.id)
-            if incremental.installed(conn):
-                ivm_state.delete(conn, str(entry.sketch.id))
-            self._remember_own_xid(conn)
+    def _forget(self, tmpl: _Template, entry: _Entry) -> None:
+        """A sketch that can no longer be refreshed, forgotten as an eviction is
+        (:meth:`_evict`: its catalog row and saved state go in the background's own
+        transaction). Found: deleted in the prepare's snapshot, the saved state could conflict
+        with the background's later save of it (``could not serialize access``), and the
+        query lost its sketch; and had the prepare failed after it, its rollback would have
+        kept the row valid and the state holding the audit-row collection back."""
+        self._evict(tmpl, entry)
+        self._ensure_background()
         self._count("invalidated")
 
     def flush_counters(self, conn: psycopg.Connection[Any]) -> None:
