@@ -30,8 +30,11 @@ Key = tuple[str, tuple[tuple[type, object], ...] | None, str]
 def query_key(sql: str, params: Sequence[object] | None
               ) -> tuple[str, tuple[tuple[type, object], ...] | None] | None:
     """A query text with its typed parameter values, as a cache key; None when a parameter
-    value is unhashable."""
-    key = (sql, None if params is None else tuple(map(_param_key, params)))
+    value is unhashable. No parameters at all is one key, whether ``params`` is None (a
+    simple Query) or empty (a Bind without parameters). Found: a text the proxy declined at
+    first sight under the one was not found as already run under the other, and its second
+    execution was declined again."""
+    key = (sql, tuple(map(_param_key, params)) if params else None)
     try:
         hash(key)
     except TypeError:
