@@ -34,6 +34,7 @@ _TOKEN = re.compile(r"""
   | (?P<op>::|<=|>=|<>|!=|\|\||[-+*/%<>=(),.\[\];:^~!@#&|`?])
 """, re.VERBOSE)
 
+
 def _to_int(v: object) -> int:
     """An integer cast of a constant whose text is an integer; others (PostgreSQL rounds
     ``7.5::int`` to 8, Python's ``int('7.5')`` fails) are refused."""
