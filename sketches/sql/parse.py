@@ -112,6 +112,24 @@ def same_tree(a: object, b: object) -> bool:
     return a == b
 
 
+def tree_key(node: object) -> object:
+    """A value equal for two trees exactly when :func:`same_tree` holds for them. Why: a
+    query's skeleton was walked against every kept sketch's skeleton of its template (about
+    60 µs a pair); a key is built once per tree and compared at C speed."""
+    if isinstance(node, ast.Node):
+        ignore = node._ATTRS_TO_IGNORE_IN_COMPARISON
+        attrs = []
+        for k in node:
+            if k not in ignore:
+                value = tree_key(getattr(node, k, None))
+                if value is not None:
+                    attrs.append((k, value))
+        return type(node), tuple(attrs)
+    if isinstance(node, tuple) and node:
+        return "tuple", tuple(tree_key(x) for x in node)
+    return node if node else None
+
+
 def scopes(stmt: ast.SelectStmt) -> list[ast.SelectStmt]:
     """The SELECTs whose FROM lists tables: ``stmt`` first, then FROM subqueries in pre-order
     (left to right, depth first). Analysis and rewriting both number scopes with this."""

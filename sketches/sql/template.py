@@ -24,15 +24,14 @@ We accept exactly these provable cases (everything else: capture anew):
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from pglast import ast
 from pglast.enums import A_Expr_Kind, BoolExprType
 
-from sketches.sql.parse import fingerprint, parse_select, same_tree
+from sketches.sql.parse import fingerprint, parse_select, tree_key
 
 _MARK = "__imp_marker"
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
@@ -59,6 +58,8 @@ class TemplateInstance:
     skeleton: ast.SelectStmt
     thresholds: tuple[Threshold, ...]
     limit: int | None
+    skeleton_key: object = field(compare=False, repr=False)
+    """:func:`sketches.sql.parse.tree_key` of ``skeleton``."""
 
 
 def _number(node: object, params: Sequence[object] | None) -> tuple[Decimal, bool] | None:
@@ -139,7 +140,7 @@ def _threshold(conj: ast.Node, params: Sequence[object] | None) -> Threshold | N
 
 def instance(sql: str, params: Sequence[object] | None = None) -> TemplateInstance:
     """The template instance of ``sql`` with ``params``."""
-    stmt = copy.deepcopy(parse_select(sql))
+    stmt = parse_select(sql)   # a tree of its own: marked in place below
     thresholds: list[Threshold] = []
     for conj in _conjuncts(stmt.havingClause):
         t = _threshold(conj, params)
@@ -151,7 +152,7 @@ def instance(sql: str, params: Sequence[object] | None = None) -> TemplateInstan
         limit = int(number[0])
         stmt.limitCount = _marker()
     _substitute_params(stmt, params)
-    return TemplateInstance(fingerprint(sql), stmt, tuple(thresholds), limit)
+    return TemplateInstance(fingerprint(sql), stmt, tuple(thresholds), limit, tree_key(stmt))
 
 
 def _stricter(new: Threshold, old: Threshold) -> bool:
@@ -171,7 +172,7 @@ def reusable(captured: TemplateInstance, new: TemplateInstance) -> bool:
         return False
     if (captured.limit is None) != (new.limit is None):
         return False
-    if not same_tree(captured.skeleton, new.skeleton):
+    if captured.skeleton_key != new.skeleton_key:
         return False
     if captured.limit is not None and new.limit is not None:
         return new.limit <= captured.limit and captured.thresholds == new.thresholds

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from pglast import ast
 
 from sketches.errors import UnsupportedQuery
-from sketches.sql.parse import fingerprint, parse_select, print_checked, scopes
+from sketches.sql.parse import fingerprint, parse_select, print_checked, same_tree, scopes, tree_key
 
 
 def test_fingerprint_abstracts_constants_and_parameters() -> None:
@@ -49,3 +52,39 @@ def test_identifiers_postgresql_truncates_are_refused(name: str) -> None:
         parse_select(f"SELECT g AS {name}, count(*) FROM t GROUP BY g HAVING count(*) > 1")
     for fits in ("a" * 63, '"' + "é" * 31 + '"', '"' + '""' * 40 + '"'):
         parse_select(f"SELECT g AS {fits}, count(*) FROM t GROUP BY g HAVING count(*) > 1")
+
+
+_TREES = [
+    "SELECT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10",
+    "select g,  sum(v) from t where d >= 1 group by g having sum(v) > 10",   # other positions
+    "SELECT g, sum(v) FROM t WHERE d >= 2 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= 1.0 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= '1' GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= NULL GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= 0 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d > 1 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= $1 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= $2 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(w) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10 ORDER BY g",
+    "SELECT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10 ORDER BY g DESC",
+    "SELECT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10 LIMIT 0",
+    "SELECT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10 LIMIT 5",
+    "SELECT g, sum(v) FROM t WHERE d IN (1, 2) GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(v) FROM t WHERE d IN (2, 1) GROUP BY g HAVING sum(v) > 10",
+    "SELECT g, sum(DISTINCT v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10",
+    "SELECT DISTINCT g, sum(v) FROM t WHERE d >= 1 GROUP BY g HAVING sum(v) > 10",
+]
+
+
+def test_tree_keys_are_equal_exactly_when_trees_are_the_same() -> None:
+    """``tree_key`` stands in for ``same_tree`` when a query's skeleton is compared with
+    kept sketches' (``template.reusable``): positions ignored, constants, parameters,
+    operators and clauses not."""
+    trees = [parse_select(sql) for sql in _TREES]
+    built = ast.A_Const(val=ast.Integer(ival=0))   # by hand: isnull and location left unset
+    parsed = parse_select("SELECT 0").targetList[0].val
+    for a, b in [*itertools.product(trees, repeat=2), (built, parsed)]:
+        assert (tree_key(a) == tree_key(b)) is same_tree(a, b), (a, b)
+    assert same_tree(trees[0], trees[1]) and same_tree(built, parsed)
+    assert sum(same_tree(a, b) for a, b in itertools.combinations(trees, 2)) == 1
