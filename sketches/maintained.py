@@ -603,6 +603,8 @@ class IncrementalMaintenance:
             entry.maintenances += 1
             entry.last_maintained = time.monotonic()
             self._count("maintenances")
+        if pipeline.refilled:
+            self._count("refills", pipeline.refilled)
         if pipeline.version != entry.sketch.version:
             entry.dirty = True
             self._apply(entry, pipeline.sketch(entry.head), pipeline.version or "")

@@ -1441,7 +1441,7 @@ class SketchManager(IncrementalMaintenance):
             out["templates"] = len(self._templates)
             out["sketches"] = sum(len(t.entries) for t in self._templates.values())
             out["classify_cache"] = len(self._classified)
-            out["maintenance"] = self.maintenance.name
+            out["fallback_maintenance"] = self.maintenance.name   # sketches without a state
             out["strategy"] = self.settings.strategy
             for key in ("capture_seconds", "maintenance_seconds"):
                 out[key] = round(self._seconds[key], 4)

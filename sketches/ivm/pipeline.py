@@ -209,6 +209,9 @@ class Pipeline:
         """Size of the last ``maintain``'s delta as the operators took it: delta rows, or
         pre-aggregated (group, fragments) changes; at least 1 when any table had delta rows
         passing its WHERE, even if a join made nothing of them (0: no delta)."""
+        self.refilled = 0
+        """Min/max value buffers and top-k buffers the last ``maintain`` refilled (exactly,
+        from PostgreSQL or from the aggregate's state) because a delta ran them dry."""
         self._conn: Conn | None = None
         self._queries: list[deltas.DeltaQuery] | None = None
         self._layout = partials.Layout()   # of the pre-aggregated query in _queries
@@ -549,6 +552,7 @@ class Pipeline:
         return self._run(query)
 
     def _refill_values(self, key: Row, i: int) -> tuple[list[tuple[object, int]], bool]:
+        self.refilled += 1
         ng = len(self.spec.group_sql)
         values = [(r[ng], int(r[ng + 1])) for r in self._value_rows(i, key)]
         return self._best(self.spec.aggs[i].func, values)
@@ -564,6 +568,7 @@ class Pipeline:
         return list(z), count <= limit
 
     def _refill_top(self) -> tuple[list[Entry], bool]:
+        self.refilled += 1
         return self._top_rows()
 
     def _topk_limit(self) -> int:
@@ -575,6 +580,7 @@ class Pipeline:
         """Exact refill of a top-k over groups: its whole current input rebuilt from the
         aggregate's state (already at this batch), no query; O(groups), and needed only when
         a batch drops most of the buffered groups below the bound."""
+        self.refilled += 1
         top, agg, project = self.topk, self.aggregate, self.order_project
         assert top is not None and top.buffer_limit is not None
         assert agg is not None and project is not None
@@ -630,7 +636,7 @@ class Pipeline:
             raise PipelineBroken("the delta was read for another version of the state")
         current, rows = read.snapshot, read.rows
         empty = SketchDelta(*(tuple(frozenset[int]() for _ in range(self.spec.slots)),) * 2)
-        self.applied = 0
+        self.applied = self.refilled = 0
         if current == self.version:
             return empty
         if not deltas.Snapshot.parse(self.version).within(deltas.Snapshot.parse(current)):

@@ -372,6 +372,32 @@ def test_a_state_beyond_max_state_rows_is_kept_by_recapture(db: str) -> None:
                 m.close()
 
 
+def test_refills_of_value_and_top_k_buffers_are_counted(conn: Conn) -> None:
+    """A delta that takes a group's 70 largest values runs its min/max buffer (64 values)
+    dry, and one that takes the top 70 rows runs a top-k's buffer dry: both are refilled
+    from PostgreSQL in the query's snapshot (the answers checked against it) and counted
+    (``refills`` in ``IMP SHOW STATS``)."""
+    fresh_table(conn, "dry", "id int, g int, v int",
+                "SELECT i, i % 3, i FROM generate_series(1, 600) i")
+    queries = ["SELECT g, max(v) FROM dry GROUP BY g ORDER BY max(v) DESC, g LIMIT 2",
+               "SELECT id, v FROM dry ORDER BY v DESC, id LIMIT 3"]
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    try:
+        for q in queries:
+            assert check(m, conn, q, None).decision == "capture"
+        assert "refills" not in m.stats()
+        conn.execute("DELETE FROM dry WHERE g = 0 AND v > 390")   # 70 values of group 0
+        assert check(m, conn, queries[0], None).decision == "use"
+        assert m.stats()["refills"] == 1
+        conn.execute("DELETE FROM dry WHERE id IN (SELECT id FROM dry ORDER BY v DESC"
+                     " LIMIT 70)")
+        assert [check(m, conn, q, None).decision for q in queries] == ["use", "use"]
+        assert m.stats()["refills"] >= 2
+    finally:
+        m.close()
+        reset(conn)
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT g, max(ts) FROM inf GROUP BY g HAVING max(ts) > '2020-01-14' ORDER BY g",
     "SELECT id, ts FROM inf ORDER BY ts DESC, id LIMIT 3",

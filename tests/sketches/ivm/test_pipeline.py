@@ -469,30 +469,35 @@ def seed_join3(c: Conn) -> None:
 
 def test_preaggregated_min_max_values_follow_every_change(db: str) -> None:
     """The group values themselves (not only the sketch) against PostgreSQL's, after each
-    change to max(w) read pre-aggregated: deletes of the current max until the 2-value buffer
-    refills, a new max inserted and moved across groups, NULLs, an emptied group."""
+    change to max(w) read pre-aggregated: new values beyond the 2-value buffer (each group
+    of ``seed_s1`` holds one), deletes of the current max until the buffer refills, a new max
+    inserted and moved across groups, NULLs, an emptied group."""
     reset(db, ("s1",), seed_s1)
     pipe = build(db, HAVING)
     assert pipe._preaggregated() and pipe.aggregate is not None
     changes = [
+        "INSERT INTO s1 VALUES (600, 1, 1, 7), (601, 1, 2, 8), (602, 1, 3, 9), (603, 1, 1, 8)",
         *["DELETE FROM s1 WHERE id IN (SELECT id FROM s1 WHERE g = 1 AND w IS NOT NULL"
-          " ORDER BY w DESC, id LIMIT 1)"] * 3,
+          " ORDER BY w DESC, id LIMIT 1)"] * 4,
         "INSERT INTO s1 VALUES (500, 1, 4, 90), (501, 1, NULL, NULL), (502, 2, 1, 90)",
         "UPDATE s1 SET g = 3 WHERE id = 500",
         "UPDATE s1 SET w = NULL WHERE id = 502",
         "DELETE FROM s1 WHERE g = 3",
         "UPDATE s1 SET w = w - 1 WHERE g = 4",
     ]
+    refilled = []
     for change in changes:
         with psycopg.connect(db, autocommit=True) as c:
             c.execute(change)
         with snapshot_conn(db) as c:
             pipe.maintain(c)
+            refilled.append(pipe.refilled)
             expected = c.execute(
                 "SELECT t.g, sum(t.v), max(t.w), avg(t.v) FROM s1 t GROUP BY t.g").fetchall()
             c.commit()
         got = [row for row, _ann, _w in pipe.aggregate.current_output()]
         assert sorted(got, key=repr) == sorted(expected, key=repr), change
+    assert refilled[:5] == [0, 0, 0, 1, 0], refilled   # the buffer of 9, 8 ran dry at the 3rd
 
 
 BIG = Decimal(10) ** 27        # 28 digits: one decimal more is past Python's default context
