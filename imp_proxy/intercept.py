@@ -43,6 +43,7 @@ from .protocol._struct import INT16 as INT16_BYTES
 from .protocol._struct import INT32 as INT32_BYTES
 from .protocol._struct import INT64 as INT64_BYTES
 from .protocol._struct import unpack_array_from, unpack_uint16_from
+from .protocol.binary_text import text_of_binary
 from .protocol.framing import ProtocolViolation, declared_end, frame_end
 from .protocol.messages import (
     BINARY_FORMAT,
@@ -246,7 +247,8 @@ def decode_params(bind: Bind, types: Sequence[int],
     """Bind parameters as Python values for the library; None when one cannot be decoded
     (a type that does not have :func:`same_meaning` as the one PostgreSQL would infer for
     it, ``inferred``, when that is given; binary format of a type other than
-    int2/int4/int8/float8/bool; float4 in any format:
+    int2/int4/int8/float8/bool and those :func:`text_of_binary` writes as text (date,
+    time, timestamp, timestamptz, uuid); float4 in any format:
     PostgreSQL reads text as the nearest float4 and the nearest double is another value,
     and a float4 is no float8 where it is cast to text or meets another float4 in
     arithmetic. Found: binary float4 0.1, decoded as its float8 widening, was inlined into
@@ -266,6 +268,8 @@ def decode_params(bind: Bind, types: Sequence[int],
                 out.append(raw != b"\x00")
             elif oid in _BINARY and len(raw) == _BINARY[oid].size:
                 out.append(_BINARY[oid].unpack(raw)[0])
+            elif (text := text_of_binary(oid, raw)) is not None:
+                out.append(text)   # as the same value sent in text format
             else:
                 return None
             continue
