@@ -15,6 +15,7 @@ from psycopg import sql as psql
 from sketches import pipelined
 from sketches.safety import SafeAttribute
 from sketches.sql import ColumnRef, ColumnResolver, QueryAnalysis, raising
+from sketches.typeoids import NUMERIC
 
 _ROLE_FUNCTIONS = re.compile(
     r"\b(current_user|session_user|current_role|user|current_setting|pg_has_role"
@@ -62,15 +63,22 @@ def resolve_table(conn: psycopg.Connection[Any], schema: str | None,
 def column_types(conn: psycopg.Connection[Any],
                  columns: Sequence[tuple[str, str, str]]) -> list[int | None]:
     """The type oid of each ``(schema, table, column)`` (None: no such column)."""
+    return [oid for oid, _mod in column_types_and_mods(conn, columns)]
+
+
+def column_types_and_mods(conn: psycopg.Connection[Any], columns: Sequence[tuple[str, str, str]]
+                          ) -> list[tuple[int | None, int]]:
+    """The type oid and ``atttypmod`` of each ``(schema, table, column)`` (None and -1: no
+    such column)."""
     if not columns:
         return []
     rows = conn.execute(
-        "SELECT a.atttypid FROM unnest(%s::text[], %s::text[], %s::text[])"
+        "SELECT a.atttypid, a.atttypmod FROM unnest(%s::text[], %s::text[], %s::text[])"
         " WITH ORDINALITY AS u(s, t, c, i) LEFT JOIN pg_catalog.pg_attribute AS a"
         " ON a.attrelid = to_regclass(quote_ident(u.s) || '.' || quote_ident(u.t))"
         " AND a.attname = u.c AND NOT a.attisdropped ORDER BY u.i",
         ([c[0] for c in columns], [c[1] for c in columns], [c[2] for c in columns])).fetchall()
-    return [None if r[0] is None else int(r[0]) for r in rows]
+    return [(None, -1) if r[0] is None else (int(r[0]), int(r[1])) for r in rows]
 
 
 def raising_catalog(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> raising.Catalog:
@@ -83,18 +91,24 @@ def raising_catalog(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> r
                             " LEFT JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(u.n)",
                             (list(names),)).fetchall()
         categories = {str(n): None if c is None else str(c) for n, c in rows}
-    return raising.Catalog(_types_of(conn, analysis, raising.typed_columns(analysis)),
-                           categories)
+    types, mods = _types_of(conn, analysis, raising.typed_columns(analysis))
+    digits = {c: d for c, mod in mods.items()
+              if types[c] == NUMERIC and (d := raising.numeric_digits(mod)) is not None}
+    return raising.Catalog(types, categories, digits)
 
 
 def _types_of(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
-              columns: Sequence[ColumnRef]) -> dict[ColumnRef, int | None]:
-    """The type oid of each of ``columns`` (None: not a base table's column)."""
+              columns: Sequence[ColumnRef]
+              ) -> tuple[dict[ColumnRef, int | None], dict[ColumnRef, int]]:
+    """The type oid of each of ``columns`` (None: not a base table's column), and the
+    ``atttypmod`` of each base table's column."""
     tables = {c.table: resolve_table(conn, analysis.tables[c.table].schema,
                                      analysis.tables[c.table].name) for c in columns}
     named = [(c, (*name, c.column)) for c in columns if (name := tables[c.table]) is not None]
-    found = column_types(conn, [n for _c, n in named])
-    return {**dict.fromkeys(columns), **dict(zip((c for c, _n in named), found, strict=True))}
+    found = dict(zip((c for c, _n in named), column_types_and_mods(conn, [n for _c, n in named]),
+                     strict=True))
+    return ({**dict.fromkeys(columns), **{c: oid for c, (oid, _m) in found.items()}},
+            {c: mod for c, (_o, mod) in found.items()})
 
 
 EFFECTIVE_SEARCH_PATH = ("array_to_string(ARRAY(SELECT quote_ident(s)"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from itertools import combinations
 
 from pglast import ast
@@ -74,6 +75,10 @@ class Catalog:
 
     columns: Mapping[ColumnRef, int | None] = field(default_factory=dict)
     categories: Mapping[str, str | None] = field(default_factory=dict)
+    digits: Mapping[ColumnRef, tuple[int, int]] = field(default_factory=dict)
+    """Of each ``numeric(p, s)`` column of ``columns``: the most digits its values have
+    before and after the point (:func:`numeric_digits`); an unconstrained numeric is not
+    here."""
 
 
 _TEXTS = frozenset({TEXT, VARCHAR, BPCHAR, NAME, UNKNOWN})
@@ -97,6 +102,15 @@ _CLOCK_FREE_CATEGORIES = frozenset({"S", "N", "B", "E", "T"})
 """Type categories whose input never reads the clock: strings (citext), numbers, booleans,
 enums, intervals. A domain has its base type's category; arrays ('A'), ranges ('R'),
 composites ('C') and others ('U') may hold a date or time."""
+
+_INTEGER_DIGITS = {INT2: 5, INT4: 10, INT8: 19}
+_BOUNDED_ARITHMETIC = frozenset({"+", "-", "*"})
+_MAX_WHOLE_DIGITS = 10_000
+"""Digits before the point a bounded numeric value may have (PostgreSQL fails beyond
+131,072)."""
+_MAX_SCALE = 10_000
+"""Digits after the point a bounded numeric value may have (PostgreSQL fails beyond 16,383:
+a product's scale is the sum of its factors')."""
 
 _WIDENING = frozenset({(INT2, INT4), (INT2, INT8), (INT4, INT8), (FLOAT4, FLOAT8),
                        *((i, t) for i in INTEGERS for t in (NUMERIC, *FLOATS))})
@@ -242,6 +256,11 @@ class _Ctx:
         table = self.tables.get(alias)
         return None if table is None else self.catalog.columns.get(ColumnRef(table, column))
 
+    def column_digits(self, node: ast.ColumnRef) -> tuple[int, int] | None:
+        alias, column = (f.sval for f in node.fields)
+        table = self.tables.get(alias)
+        return None if table is None else self.catalog.digits.get(ColumnRef(table, column))
+
     def clock_free(self, name: ast.TypeName) -> bool:
         """Does the input of the type ``name`` never read the clock?"""
         target = _target(name)
@@ -280,6 +299,8 @@ def _type_of(node: ast.Node, ctx: _Ctx) -> int | None:
         return 16
     if isinstance(node, ast.FuncCall):
         return _function_type(node, ctx)
+    if isinstance(node, ast.A_Expr) and _digits(node, ctx) is not None:
+        return NUMERIC
     return None
 
 
@@ -331,8 +352,71 @@ def _may_raise(node: ast.Node, ctx: _Ctx) -> bool:
     if isinstance(node, ast.CoalesceExpr):
         return not _compatible(node.args, ctx) or any(_may_raise(a, ctx) for a in node.args)
     if isinstance(node, ast.A_Expr):
-        return _comparison_may_raise(node, ctx)
+        return _digits(node, ctx) is None and _comparison_may_raise(node, ctx)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Digits:
+    whole: int
+    scale: int
+    numeric: bool
+
+
+def _digits(node: ast.Node, ctx: _Ctx) -> _Digits | None:
+    """The most digits before and after the point of a row's value of ``node`` when it is
+    built with ``+ - *`` from integer columns, ``numeric(p, s)`` columns and numeric
+    literals, every operation a numeric one, within :data:`_MAX_WHOLE_DIGITS` and
+    :data:`_MAX_SCALE`: such a value cannot raise (a sum of ``price * (1 - discount)``,
+    TPC-H's revenue). None otherwise: integer arithmetic overflows, float arithmetic too,
+    and an unconstrained numeric may hold 131,072 digits already."""
+    if isinstance(node, ast.ColumnRef):
+        integer = _INTEGER_DIGITS.get(ctx.column_type(node) or 0)
+        if integer is not None:
+            return _Digits(integer, 0, False)
+        declared = ctx.column_digits(node)
+        return None if declared is None else _Digits(*declared, True)
+    if isinstance(node, ast.A_Const):
+        return _literal_digits(node)
+    if not (isinstance(node, ast.A_Expr) and node.kind == A_Expr_Kind.AEXPR_OP
+            and len(node.name) == 1 and node.name[0].sval in _BOUNDED_ARITHMETIC):
+        return None
+    right = _digits(node.rexpr, ctx)
+    if node.lexpr is None:   # a sign: an integer's minus overflows at its minimum
+        return right if right is not None and right.numeric and node.name[0].sval != "*" \
+            else None
+    left = _digits(node.lexpr, ctx)
+    if left is None or right is None or not (left.numeric or right.numeric):
+        return None
+    if node.name[0].sval == "*":
+        out = _Digits(left.whole + right.whole, left.scale + right.scale, True)
+    else:
+        out = _Digits(max(left.whole, right.whole) + 1, max(left.scale, right.scale), True)
+    return out if out.whole <= _MAX_WHOLE_DIGITS and out.scale <= _MAX_SCALE else None
+
+
+def _literal_digits(node: ast.A_Const) -> _Digits | None:
+    """An integer literal's digits (an integer), a decimal literal's (a numeric)."""
+    value = node.val
+    if isinstance(value, ast.Integer):
+        return _Digits(len(str(abs(value.ival))), 0, False)
+    if isinstance(value, ast.Float):
+        number = Decimal(value.fval).as_tuple()
+        assert isinstance(number.exponent, int)
+        return _Digits(max(len(number.digits) + number.exponent, 0),
+                       max(-number.exponent, 0), True)
+    return None
+
+
+def numeric_digits(typmod: int) -> tuple[int, int] | None:
+    """The most digits before and after the point of a ``numeric(p, s)`` column's values,
+    from its ``atttypmod`` (None: unconstrained). PostgreSQL 15 allows a negative scale and
+    one above the precision: ``numeric(3, -2)`` holds 99,900, ``numeric(2, 4)`` 0.0099."""
+    if typmod < 4:
+        return None
+    precision = ((typmod - 4) >> 16) & 0xFFFF
+    scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
+    return max(precision - scale, 0), max(scale, 0)
 
 
 def _cast_may_raise(node: ast.TypeCast, ctx: _Ctx) -> bool:
@@ -372,14 +456,19 @@ def _comparison_may_raise(node: ast.A_Expr, ctx: _Ctx) -> bool:
 
 def _aggregate_may_raise(call: AggregateCall, ctx: _Ctx) -> bool:
     """count, min and max of a value that cannot raise cannot; sum and avg only over an
-    integer or numeric column (a float sum overflows, an interval sum too)."""
+    integer or numeric column or a bounded numeric value (:func:`_digits`): a float sum
+    overflows, an interval sum too."""
     if call.arg is None:
         return False
     arg = _node(call.arg.sql)
     if _may_raise(arg, ctx):
         return True
-    return call.func in ("sum", "avg") and not (
-        isinstance(arg, ast.ColumnRef) and ctx.column_type(arg) in (*INTEGERS, NUMERIC))
+    if call.func not in ("sum", "avg"):
+        return False
+    if isinstance(arg, ast.ColumnRef):
+        return ctx.column_type(arg) not in (*INTEGERS, NUMERIC)
+    digits = _digits(arg, ctx)
+    return digits is None or not digits.numeric
 
 
 def _clock_casts(analysis: QueryAnalysis, ctx: _Ctx) -> Iterator[ast.TypeCast]:

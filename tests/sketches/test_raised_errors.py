@@ -79,6 +79,10 @@ CASES = {
         "id int, g int, v int", "SELECT i, i % 20, i % 50 + 6 FROM generate_series(1, 2000) i",
         "SELECT g, sum(v), max(10 / (v - 5)) FROM {t} GROUP BY g HAVING sum(v) > 3050",
         "INSERT INTO {t} VALUES (5000, -5, 5)", "22012"),
+    "HAVING, arithmetic over an unconstrained numeric": (
+        "id int, g int, w numeric", "SELECT i, i % 20, i % 50 FROM generate_series(1, 2000) i",
+        "SELECT g, sum(w * (1 - w)) AS r, count(*) FROM {t} GROUP BY g HAVING count(*) > 99",
+        "INSERT INTO {t} VALUES (5000, -5, 10::numeric ^ 100000)", "22003"),
     "top-k groups, division in the select list": (
         "id int, g int, v int", "SELECT i, i % 20, i % 50 + 6 FROM generate_series(1, 2000) i",
         "SELECT g, sum(v) AS s, 10 / (g + 5) AS z FROM {t} GROUP BY g ORDER BY s DESC LIMIT 2",
@@ -181,15 +185,22 @@ def test_an_aggregate_having_reads_is_still_sketched_and_its_errors_raised(conn:
 
 
 def test_plain_columns_and_aggregates_in_the_select_list_are_still_sketched(conn: Conn) -> None:
-    fresh_table(conn, "ed", "id int, g int, v int, w numeric, s text",
-                "SELECT i, i % 20, i % 50, i % 7, i::text FROM generate_series(1, 2000) i")
+    """Also arithmetic of integer and ``numeric(p, s)`` columns and numeric literals (TPC-H's
+    revenue ``sum(price * (1 - discount))``): its digits are bounded, so it cannot raise."""
+    fresh_table(conn, "ed", "id int, g int, v int, w numeric, s text, p numeric(15, 2),"
+                " q numeric(4, 2)", "SELECT i, i % 20, i % 50, i % 7, i::text, i * 1.25,"
+                " (i % 11) / 100.0 FROM generate_series(1, 2000) i")
     m = SketchManager(_settings(True))
     try:
         for sql in ("SELECT id, g, s, v::bigint AS b, s IS NULL FROM ed"
                     " ORDER BY v DESC, id LIMIT 3",
                     "SELECT g, count(*), sum(v), avg(w), min(s), max(v) FROM ed GROUP BY g"
                     " HAVING count(*) > 100 AND g < 3",
-                    "SELECT g, sum(v) AS t, count(*) FROM ed GROUP BY g ORDER BY t DESC LIMIT 2"):
+                    "SELECT g, sum(v) AS t, count(*) FROM ed GROUP BY g ORDER BY t DESC LIMIT 2",
+                    "SELECT g, sum(p * (1 - q)) AS r, avg(p * q + v), count(*) FROM ed"
+                    " GROUP BY g HAVING count(*) > 100 AND g < 3",
+                    "SELECT id, p * (1 - q) AS r, -p, p * q > 10.5 FROM ed"
+                    " ORDER BY v DESC, id LIMIT 3"):
             p, _original = agree(m, conn, sql)
             assert p is not None and p.decision == "capture", p
     finally:

@@ -13,7 +13,7 @@ from sketches.instrument import instrument
 from sketches.ranges import build_partition
 from sketches.safety import check, equivalence_classes, errors_kept, exact_equalities
 from sketches.sql import ColumnRef, analyse
-from sketches.sql.raising import Catalog
+from sketches.sql.raising import Catalog, numeric_digits
 
 COLUMNS = {"t": ["id", "g", "v", "s"], "dim": ["id", "k", "w"], "u": ["a", "b"]}
 
@@ -112,9 +112,11 @@ def test_exact_equalities(types: tuple[int | None, ...], exact: bool) -> None:
 
 
 TYPES = {"id": 23, "g": 23, "v": 23, "s": 25, "n": 20, "w": 1700, "f": 701, "ts": 1114,
-         "d": 1082, "c": 16500}
-"""Column types of table ``e`` (oids): integers, text, numeric, float8, timestamp, date and
-a user-created type (a domain over text, citext)."""
+         "d": 1082, "c": 16500, "p": 1700, "q": 1700}
+"""Column types of table ``e`` (oids): integers, text, numeric, float8, timestamp, date, a
+user-created type (a domain over text, citext), and ``p numeric(15, 2)``, ``q numeric(4, 2)``
+(:data:`DIGITS`)."""
+DIGITS = {"p": (13, 2), "q": (2, 2)}
 
 
 def errors_verdict(sql: str) -> str | None:
@@ -123,7 +125,8 @@ def errors_verdict(sql: str) -> str | None:
     verdict = check(a)
     assert verdict.sketchable, verdict.reason
     catalog = Catalog({ColumnRef(0, c): o for c, o in TYPES.items()},
-                      {"ext.citext": "S", "public.stamp": "D", "integer[]": "A"})
+                      {"ext.citext": "S", "public.stamp": "D", "integer[]": "A"},
+                      {ColumnRef(0, c): d for c, d in DIGITS.items()})
     kept = errors_kept(a, verdict, catalog)
     return None if kept.sketchable else kept.reason
 
@@ -147,6 +150,14 @@ def errors_verdict(sql: str) -> str | None:
     "SELECT g, sum(v), count(s::int) FROM e GROUP BY g ORDER BY sum(v) DESC LIMIT 2",
     "SELECT g, sum(v) AS s, 10 / (g + 5) AS z FROM e GROUP BY g ORDER BY s DESC LIMIT 2",
     "SELECT g, sum(v) / count(*) AS m FROM e GROUP BY g ORDER BY sum(v) DESC LIMIT 2",
+    "SELECT g, sum(w * (1 - q)) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(v * 2) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(p * f) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(p / q) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(p * $1) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT g, sum(p * 1e20000) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT id, -v FROM e ORDER BY id LIMIT 3",
+    "SELECT id, p * q > f FROM e ORDER BY id LIMIT 3",
 ])
 def test_errors_a_sketch_could_skip_are_refused(sql: str) -> None:
     """Rule 5: PostgreSQL evaluates a top-k's select list for every row (every group) and
@@ -172,11 +183,15 @@ def test_errors_a_sketch_could_skip_are_refused(sql: str) -> None:
     "SELECT g, count(*) FROM e WHERE ts::date > '2020-01-01' AND d::timestamp < ts"
     " AND date_trunc('day', ts)::date IS NOT NULL AND s::interval > '1 day'"
     " AND s::ext.citext = 'a' GROUP BY g HAVING count(*) > 1",
+    "SELECT g, sum(p * (1 - q)), avg(p * q + v), min(-p), max(v * q - 1.5) FROM e"
+    " GROUP BY g HAVING count(*) > 3",
+    "SELECT id, p * (1 - q) AS r, -p, p * q > 10.5, p * q = v FROM e ORDER BY id LIMIT 3",
 ])
 def test_expressions_that_cannot_raise_or_are_evaluated_anyway_are_kept(sql: str) -> None:
     """Plain columns and aggregates, widening casts, comparisons of one type family; and
     what the capture and the maintenance evaluate on every row or group anyway: WHERE,
-    HAVING with its aggregates, ORDER BY keys."""
+    HAVING with its aggregates, ORDER BY keys. Also ``+ - *`` of ``numeric(p, s)`` and
+    integer columns and numeric literals, each operation a numeric one: bounded digits."""
     assert errors_verdict(sql) is None
 
 
@@ -198,3 +213,33 @@ def test_casts_of_stored_text_to_date_time_types_are_refused(sql: str) -> None:
     nothing is written, so no sketch of the query stays exact."""
     reason = errors_verdict(sql)
     assert reason is not None and "read the clock" in reason
+
+
+@pytest.mark.parametrize(("declared", "tight"), [
+    ("numeric(15, 2)", True), ("numeric(1000, 0)", True), ("numeric(1, 1)", True),
+    ("numeric(3, -2)", False), ("numeric(2, 4)", False), ("numeric", False)])
+def test_numeric_digits_bound_what_postgresql_holds(conn: psycopg.Connection[Any],
+                                                    declared: str, tight: bool) -> None:
+    """No value of the column has more digits before the point (``10 ^ whole`` does not
+    fit: 22003) or after it than ``numeric_digits`` says; where the scale is between 0 and
+    the precision, the largest value has exactly those. An unconstrained numeric has no
+    bound."""
+    conn.execute(f"CREATE TEMP TABLE nd (x {declared})")
+    row = conn.execute("SELECT atttypmod FROM pg_attribute WHERE attrelid = 'nd'::regclass"
+                       " AND attname = 'x'").fetchone()
+    conn.execute("DROP TABLE nd")
+    assert row is not None
+    digits = numeric_digits(int(row[0]))
+    if declared == "numeric":
+        assert digits is None
+        return
+    assert digits is not None
+    whole, scale = digits
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        conn.execute(f"SELECT (10::numeric ^ {whole})::{declared}")
+    tiny = conn.execute(f"SELECT scale(('0.' || repeat('0', 2000) || '1')::numeric::{declared})"
+                        ).fetchone()
+    assert tiny is not None and tiny[0] <= scale
+    if tight:
+        largest = f"(10::numeric ^ {whole} - 10::numeric ^ {-scale})"
+        assert conn.execute(f"SELECT {largest}::{declared} = {largest}").fetchone()[0] is True
