@@ -163,6 +163,9 @@ class Relations:
     settings_free: bool = False
     """The query means the same whatever the session's TimeZone, DateStyle and IntervalStyle
     (:data:`_SETTINGS_FREE`)."""
+    columns: tuple[str, ...] = ()
+    """Of each table, a digest of its columns' names, types, typmods and collations
+    (:data:`_COLUMNS`): an analysis of the query read the catalog as it was then."""
 
 
 def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relations:
@@ -190,9 +193,10 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
                              tuple(sorted(analysis.operators | GENERATED_OPERATORS)),
                              tuple(sorted(analysis.types)), columns,
                              tuple(sorted(analysis.collations)))
-    oids, names = [0] * len(tables), [("", "")] * len(tables)
+    oids, names, digests = [0] * len(tables), [("", "")] * len(tables), [""] * len(tables)
     rows = pipelined.fetch(conn, query)
-    for i, relkind, rls, oid, schema, name, persistence, unseen, shadowing, _free in rows:
+    for i, relkind, rls, oid, schema, name, persistence, unseen, digest, shadowing, _free \
+            in rows:
         if shadowing is not None:
             return Relations(str(shadowing), (), ())
         t = tables[int(i) - 1]
@@ -213,7 +217,9 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
             return Relations(f"{t.name} is a system catalog: it takes no audit trigger, so "
                              "every query would capture anew (slower than sending it)", (), ())
         oids[int(i) - 1], names[int(i) - 1] = int(oid), (str(schema), str(name))
-    return Relations(None, tuple(oids), tuple(names), bool(rows) and rows[0][-1] is True)
+        digests[int(i) - 1] = str(digest)
+    return Relations(None, tuple(oids), tuple(names), bool(rows) and rows[0][-1] is True,
+                     tuple(digests))
 
 
 FIRST_USER_OID = 16384
@@ -402,9 +408,20 @@ temporary one is read only by its own session, never by the service connection's
 groups out of a sketch that was used). Searched only under a table that has or had
 children (``relhassubclass``, which stays true after they go: a search then finds none)."""
 
+_COLUMNS = (
+    "(SELECT md5(string_agg(quote_ident(a.attname) || ' ' || a.atttypid || ' ' || a.atttypmod"
+    " || ' ' || a.attcollation, ',' ORDER BY a.attnum)) FROM pg_catalog.pg_attribute AS a"
+    " WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)")
+"""A digest of a table's columns (``c``): what an analysis reads of them (the tables
+unqualified names resolve to, the types rule 5 of :mod:`sketches.safety` decides by).
+Found: after ``ALTER TABLE … ALTER COLUMN v TYPE float8`` a cached analysis still took
+``sum(v)`` for an integer sum, which cannot raise; a float sum overflowing in a group the
+sketch skipped gave rows where PostgreSQL raises 22003."""
+
 _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
-    " c.relpersistence, " + _UNSEEN_DESCENDANT + ", {shadowing}, " + _SETTINGS_FREE +
+    " c.relpersistence, " + _UNSEEN_DESCENDANT + ", " + _COLUMNS + ", {shadowing}, "
+    + _SETTINGS_FREE +
     " FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = " + _REGCLASS +
     " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
@@ -416,8 +433,9 @@ def _relations_query(tables: tuple[tuple[str | None, str], ...], routines: tuple
                      operators: tuple[str, ...], types: tuple[str, ...],
                      columns: tuple[tuple[int, str | None], ...],
                      collations: tuple[str, ...] = ()) -> str:
-    """Kind, row-level security, oid, resolved name, persistence and unseen descendants
-    (:data:`_UNSEEN_DESCENDANT`) of each table (schema, name; in one round trip, in order),
+    """Kind, row-level security, oid, resolved name, persistence, unseen descendants
+    (:data:`_UNSEEN_DESCENDANT`) and columns (:data:`_COLUMNS`) of each table (schema, name;
+    in one round trip, in order),
     with the two checks of the whole query: shadowing
     (:data:`_SHADOWING`) and :data:`_SETTINGS_FREE` over ``columns`` ((table position from 1,
     column name or None for all its columns) read) and the casts' ``types``.

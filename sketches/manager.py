@@ -258,7 +258,8 @@ class SketchManager(IncrementalMaintenance):
         self._lock = threading.Lock()
         size = self.settings.classify_cache_size
         self._classified: Lru[str, Classification] = Lru(size)
-        self._analysed: Lru[tuple[str, str], tuple[QueryAnalysis, Safety]] = Lru(size)
+        self._analysed: Lru[tuple[str, str],
+                            tuple[QueryAnalysis, Safety, tuple[str, ...] | None]] = Lru(size)
         self._templates: OrderedDict[str, _Template] = OrderedDict()   # least recent first
         self._instances: Lru[tuple[object, ...], TemplateInstance] = Lru(size)
         self._role_checked: Lru[tuple[str, str], tuple[str, lookup.Relations]] = Lru(size)
@@ -669,12 +670,19 @@ class SketchManager(IncrementalMaintenance):
             declined = self._decline_unserved(tmpl, sql, params)
             if declined is not None:
                 return declined
-        analysis, safety = self._analyse(conn, sql, search_path)
+        if search_path is None:
+            search_path = _search_path(conn)
+        analysis, safety, columns = self._analyse(conn, sql, search_path, snapshot)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
         if _clock_values(params):
             return self._passthrough("a parameter reads the clock ('now', 'today', …)")
         relations = self._relations(conn, analysis, search_path, snapshot)
+        if relations.reason is None and relations.columns != columns:
+            analysis, safety, _c = self._analyse(conn, sql, search_path, snapshot, again=True)
+            if not safety.sketchable:
+                return self._passthrough(safety.reason)
+            relations = self._relations(conn, analysis, search_path, snapshot)
         if relations.reason is not None:
             return self._passthrough(relations.reason)
         free = (relations.settings_free and not analysis.calls & TEMPORAL_FUNCTIONS
@@ -930,24 +938,28 @@ class SketchManager(IncrementalMaintenance):
         return not sketch.covers_all and \
             max(p.coverage for p in sketch.parts) <= self.settings.max_coverage
 
-    def _analyse(self, conn: psycopg.Connection[Any], sql: str,
-                 search_path: str | None = None) -> tuple[QueryAnalysis, Safety]:
+    def _analyse(self, conn: psycopg.Connection[Any], sql: str, search_path: str,
+                 snapshot: str | None = None, again: bool = False
+                 ) -> tuple[QueryAnalysis, Safety, tuple[str, ...] | None]:
         """Analysis with the catalog (also the column types rule 5 of
-        :mod:`sketches.safety` reads), cached by (text, search_path); ``search_path``: the
-        one in force on conn (read when None)."""
-        if search_path is None:
-            row = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH).fetchone()
-            search_path = str(row[0]) if row else ""
+        :mod:`sketches.safety` reads), cached by (text, search_path) unless ``again``, and
+        what the query's tables' columns were then (``lookup.Relations.columns``; None for
+        an unsketchable query: its verdict stays, at worst passing a query through). The
+        caller analyses again when they changed since: a cached analysis read the catalog as
+        it was (:data:`sketches.lookup._COLUMNS`)."""
         key = (sql, search_path)
-        with self._lock:
-            hit = self._analysed.get(key)
+        if not again:
+            with self._lock:
+                hit = self._analysed.get(key)
             if hit is not None:
                 return hit
         analysis = analyse(sql, lookup.resolver(conn))
         safety = check(analysis)
+        columns = None
         if safety.sketchable:
             safety = errors_kept(analysis, safety, lookup.raising_catalog(conn, analysis))
-        result = (analysis, safety)
+            columns = self._relations(conn, analysis, search_path, snapshot).columns
+        result = (analysis, safety, columns)
         with self._lock:
             self._analysed.put(key, result)
         return result
@@ -1463,7 +1475,7 @@ class SketchManager(IncrementalMaintenance):
             return [("heavy_backend", self.backend.name),
                     ("heavy_backend_reason", "the only backend configured")]
         try:
-            analysis, safety = self._analyse(conn, sql)
+            analysis, safety, _c = self._analyse(conn, sql, _search_path(conn), again=True)
             if not safety.sketchable:
                 return [("heavy_backend", None), ("heavy_backend_reason", safety.reason)]
             targets = self._targets(conn, analysis, safety)
@@ -1641,6 +1653,12 @@ def _settings_free_values(params: Sequence[object] | None) -> bool:
     """No parameter holds a date, time, interval or other value of a settings-dependent
     text (lists: each element)."""
     return all(isinstance(v, _SETTINGS_FREE_TYPES) for v in _param_values(params))
+
+
+def _search_path(conn: psycopg.Connection[Any]) -> str:
+    """The schemas conn resolves names through (:data:`lookup.EFFECTIVE_SEARCH_PATH`)."""
+    row = conn.execute("SELECT " + lookup.EFFECTIVE_SEARCH_PATH).fetchone()
+    return str(row[0]) if row else ""
 
 
 def _clock_values(params: Sequence[object] | None) -> bool:

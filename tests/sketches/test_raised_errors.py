@@ -166,6 +166,37 @@ def test_errors_in_what_the_capture_and_maintenance_evaluate_are_raised(
         m.close()
 
 
+@pytest.mark.parametrize(("column", "alter", "aggregate", "bad"), [
+    ("v int", "v TYPE float8", "sum(v)", "(5000, -7, 1e308), (5001, -7, 1e308)"),
+    ("v numeric(15, 2)", "v TYPE numeric", "sum(v * (1 - v))",
+     "(5000, -7, 10::numeric ^ 100000)"),
+], ids=["int-to-float8", "bounded-to-unconstrained-numeric"])
+def test_a_column_type_changed_since_the_analysis_is_read_anew(
+        conn: Conn, column: str, alter: str, aggregate: str, bad: str) -> None:
+    """The analysis of a query text is cached, with the column types rule 5 decided by; a
+    column's type changed by ``ALTER TABLE`` afterwards made a sum that cannot raise one
+    that can. Found: the cached verdict kept the sketch, and a float sum overflowing in a
+    group the sketch skipped gave rows where PostgreSQL raises 22003. The query's tables'
+    columns are compared with the analysis' on every prepare, and a change analyses anew."""
+    table = "ct_" + column.split()[1].split("(")[0]
+    fresh_table(conn, table, f"id int, g int, {column}",
+                "SELECT i, i % 20, i FROM generate_series(1, 2000) i")
+    sql = (f"SELECT g, {aggregate} AS s, count(*) FROM {table} GROUP BY g"
+           " HAVING count(*) > 99 ORDER BY g")
+    m = SketchManager(_settings(True))
+    try:
+        p, _original = agree(m, conn, sql)
+        assert p is not None and p.decision == "capture", p
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN {alter}")
+        p, _original = agree(m, conn, sql)
+        assert p is not None and p.decision == "passthrough", p
+        conn.execute(f"INSERT INTO {table} VALUES {bad}")
+        _p, original = agree(m, conn, sql)
+        assert original[0] == "error" and original[1][0] == "22003"  # type: ignore[index]
+    finally:
+        m.close()
+
+
 def test_an_aggregate_having_reads_is_still_sketched_and_its_errors_raised(conn: Conn) -> None:
     """The exemption: HAVING's aggregates are evaluated on every row by the capture and the
     maintenance, so a division there keeps its sketch and still raises."""
