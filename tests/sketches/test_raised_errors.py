@@ -83,6 +83,10 @@ CASES = {
         "id int, g int, w numeric", "SELECT i, i % 20, i % 50 FROM generate_series(1, 2000) i",
         "SELECT g, sum(w * (1 - w)) AS r, count(*) FROM {t} GROUP BY g HAVING count(*) > 99",
         "INSERT INTO {t} VALUES (5000, -5, 10::numeric ^ 100000)", "22003"),
+    "top-k rows, an integer literal beyond int4 in the select list": (
+        "id int, g int, v int", "SELECT i, i % 20, i % 50 FROM generate_series(1, 2000) i",
+        "SELECT id, v * 10000000000 AS x FROM {t} ORDER BY id LIMIT 3",
+        "INSERT INTO {t} VALUES (5000, -5, 2000000000)", "22003"),
     "top-k groups, division in the select list": (
         "id int, g int, v int", "SELECT i, i % 20, i % 50 + 6 FROM generate_series(1, 2000) i",
         "SELECT g, sum(v) AS s, 10 / (g + 5) AS z FROM {t} GROUP BY g ORDER BY s DESC LIMIT 2",

@@ -158,6 +158,10 @@ def errors_verdict(sql: str) -> str | None:
     "SELECT g, sum(p * 1e20000) FROM e GROUP BY g HAVING count(*) > 3",
     "SELECT id, -v FROM e ORDER BY id LIMIT 3",
     "SELECT id, p * q > f FROM e ORDER BY id LIMIT 3",
+    "SELECT g, sum(v * 10000000000) FROM e GROUP BY g HAVING count(*) > 3",
+    "SELECT id, v * -2147483648 FROM e ORDER BY id LIMIT 3",
+    "SELECT id, n + 9223372036854775000 FROM e ORDER BY id LIMIT 3",
+    "SELECT id, (v * 10000000000) * p FROM e ORDER BY id LIMIT 3",
 ])
 def test_errors_a_sketch_could_skip_are_refused(sql: str) -> None:
     """Rule 5: PostgreSQL evaluates a top-k's select list for every row (every group) and
@@ -186,6 +190,8 @@ def test_errors_a_sketch_could_skip_are_refused(sql: str) -> None:
     "SELECT g, sum(p * (1 - q)), avg(p * q + v), min(-p), max(v * q - 1.5) FROM e"
     " GROUP BY g HAVING count(*) > 3",
     "SELECT id, p * (1 - q) AS r, -p, p * q > 10.5, p * q = v FROM e ORDER BY id LIMIT 3",
+    "SELECT id, p * 10000000000, v * 9223372036854775808, p * 1.5e3 FROM e"
+    " ORDER BY id LIMIT 3",
 ])
 def test_expressions_that_cannot_raise_or_are_evaluated_anyway_are_kept(sql: str) -> None:
     """Plain columns and aggregates, widening casts, comparisons of one type family; and
