@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from sketches.lru import Lru
 from sketches.sketch import SketchPart
-from sketches.sql.rewrite import Range, SkipFilter, add_skip_filters
+from sketches.sql.rewrite import Range, Schemas, SkipFilter, add_skip_filters
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +32,20 @@ def skip_filter(part: SketchPart) -> SkipFilter:
                       p.null_fragment in part.fragments)
 
 
-def instrument(sql: str, parts: Sequence[SketchPart]) -> str | None:
-    """``sql`` with the skipping predicates of ``parts``; ``None`` when every part covers all
+def instrument(sql: str, parts: Sequence[SketchPart], schemas: Schemas = ()) -> str | None:
+    """``sql`` with the skipping predicates of ``parts`` and its tables qualified with
+    ``schemas`` (:data:`sketches.sql.rewrite.Schemas`); ``None`` when every part covers all
     of its table (nothing to skip: forward the original)."""
     useful = [p for p in parts if not p.covers_all]
     if not useful:
         return None
     filters = tuple(skip_filter(p) for p in useful)
-    key = (sql, filters)
+    key = (sql, filters, schemas)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             return hit
-    text = add_skip_filters(sql, filters)  # pglast print + re-parse: milliseconds
+    text = add_skip_filters(sql, filters, schemas)  # pglast print + re-parse: milliseconds
     with _lock:
         _cache.put(key, text)
     return text
@@ -53,5 +54,5 @@ def instrument(sql: str, parts: Sequence[SketchPart]) -> str | None:
 # the instrumented text is a function of the query text and its filters: a sketch whose
 # fragments return to an earlier set (maintenance moving groups in and out) reuses its text
 _CACHE_SIZE = 512
-_cache: Lru[tuple[str, tuple[SkipFilter, ...]], str] = Lru(_CACHE_SIZE)
+_cache: Lru[tuple[str, tuple[SkipFilter, ...], Schemas], str] = Lru(_CACHE_SIZE)
 _lock = threading.Lock()

@@ -218,6 +218,10 @@ def relations(conn: psycopg.Connection[Any], analysis: QueryAnalysis) -> Relatio
                              "every query would capture anew (slower than sending it)", (), ())
         oids[int(i) - 1], names[int(i) - 1] = int(oid), (str(schema), str(name))
         digests[int(i) - 1] = str(digest)
+    if 0 in oids:
+        missing = tables[oids.index(0)].name
+        return Relations(f"{missing} is no table in the query's snapshot (created since, or "
+                         "never)", (), ())
     return Relations(None, tuple(oids), tuple(names), bool(rows) and rows[0][-1] is True,
                      tuple(digests))
 

@@ -36,6 +36,7 @@ from sketches.lru import Lru
 from sketches.maintenance import MaintenanceRequest, MaintenanceStrategy
 from sketches.sketch import Sketch
 from sketches.sql import QueryAnalysis
+from sketches.sql.rewrite import Schemas
 from sketches.sql.template import TemplateInstance
 
 if TYPE_CHECKING:
@@ -157,6 +158,9 @@ class Entry:
     """``reusable(instance, other)`` per other instance (``SketchManager._reusable``)."""
     relations: tuple[int, ...] = ()
     """The oids of the query's tables the sketch was captured on (``lookup.Relations``)."""
+    schemas: Schemas = ()
+    """The schema of each table of the query, as its last use resolved the names: the
+    ``instrumented`` texts qualify them (``sketches.sql.rewrite.Schemas``)."""
     reuse: Reuse = field(default_factory=Reuse)
 
     def idle_since(self) -> float:

@@ -673,6 +673,11 @@ class SketchManager(IncrementalMaintenance):
         if search_path is None:
             search_path = _search_path(conn)
         analysis, safety, columns = self._analyse(conn, sql, search_path, snapshot)
+        if columns is not None and not safety.sketchable:   # a verdict the catalog decided
+            relations = self._relations(conn, analysis, search_path, snapshot)
+            if relations.reason is None and relations.columns != columns:
+                analysis, safety, columns = self._analyse(conn, sql, search_path, snapshot,
+                                                          again=True)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
         if _clock_values(params):
@@ -723,6 +728,7 @@ class SketchManager(IncrementalMaintenance):
                 entry.maintenances += 1
                 entry.sketch = refreshed
                 entry.instrumented.clear()
+            _qualify(entry, analysis, relations)
             self._note_use(entry)
             prepared = self._finish("use", sql, entry, conn, params)
             self._remember(key, snapshot, tmpl, entry, inst, free)
@@ -744,6 +750,7 @@ class SketchManager(IncrementalMaintenance):
         tmpl.recent.append(entry.reuse)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
+        _qualify(entry, analysis, relations)
         return self._finish("capture", sql, entry, conn, params)
 
     def _relations(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
@@ -944,9 +951,11 @@ class SketchManager(IncrementalMaintenance):
         """Analysis with the catalog (also the column types rule 5 of
         :mod:`sketches.safety` reads), cached by (text, search_path) unless ``again``, and
         what the query's tables' columns were then (``lookup.Relations.columns``; None for
-        an unsketchable query: its verdict stays, at worst passing a query through). The
-        caller analyses again when they changed since: a cached analysis read the catalog as
-        it was (:data:`sketches.lookup._COLUMNS`)."""
+        a query the text alone makes unsketchable). The caller analyses again when they
+        changed since: a cached analysis read the catalog as it was
+        (:data:`sketches.lookup._COLUMNS`), and a verdict of rule 5 follows the column types
+        both ways (found: a column changed to float8 and back to int left its query passed
+        through for good)."""
         key = (sql, search_path)
         if not again:
             with self._lock:
@@ -980,7 +989,7 @@ class SketchManager(IncrementalMaintenance):
         if sql in entry.instrumented:
             text = entry.instrumented.get(sql)
         else:
-            text = instrument(sql, sketch.parts)
+            text = instrument(sql, sketch.parts, entry.schemas)
             if text is not None and conn is not None and not self._pays(conn, sql, text,
                                                                         params):
                 text = None
@@ -1653,6 +1662,16 @@ def _settings_free_values(params: Sequence[object] | None) -> bool:
     """No parameter holds a date, time, interval or other value of a settings-dependent
     text (lists: each element)."""
     return all(isinstance(v, _SETTINGS_FREE_TYPES) for v in _param_values(params))
+
+
+def _qualify(entry: _Entry, analysis: QueryAnalysis, relations: lookup.Relations) -> None:
+    """Has ``entry``'s instrumented texts name the query's tables in the schemas
+    ``relations`` resolved them to (those the wrapping locked, in the query's snapshot), and
+    forgets the texts instrumented for others."""
+    schemas = tuple((t.scope, t.alias, relations.names[t.index][0]) for t in analysis.tables)
+    if entry.schemas != schemas:
+        entry.schemas = schemas
+        entry.instrumented.clear()
 
 
 def _search_path(conn: psycopg.Connection[Any]) -> str:

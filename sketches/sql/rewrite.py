@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pglast import ast
@@ -174,12 +174,42 @@ def _and_into_where(select: ast.SelectStmt, predicates: Sequence[ast.Node]) -> N
     select.whereClause = ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=tuple(args))
 
 
-def _and_filters(sql: str, filters: Sequence[ast.Node], scope_ids: Sequence[int]
-                 ) -> tuple[ast.SelectStmt, list[bool]]:
-    """``sql`` parsed with ``filters[i]`` AND-ed into the WHERE of SELECT ``scope_ids[i]``; and
-    per filter whether it became that WHERE on its own (not an operand of AND)."""
+Schemas = tuple[tuple[int, str, str], ...]
+"""``(scope, alias, schema)`` of tables whose name the rewritten text qualifies with
+``schema``: it then names the relation its caller resolved (and locked), whatever the
+search_path finds when the text is parsed. Found by a helper's search: a same-named table
+created earlier on the search_path between the wrapping's snapshot and the instrumented
+query's parse was read in the older snapshot, and the query answered no rows."""
+
+
+def _qualify(selects: Sequence[ast.SelectStmt], schemas: Schemas) -> None:
+    """Sets the schema of each table of :data:`Schemas` written without one (in place)."""
+    wanted = {(scope, alias): schema for scope, alias, schema in schemas}
+
+    def tables(item: ast.Node) -> Iterator[ast.RangeVar]:
+        if isinstance(item, ast.JoinExpr):
+            yield from tables(item.larg)
+            yield from tables(item.rarg)
+        elif isinstance(item, ast.RangeVar):
+            yield item
+
+    for scope, select in enumerate(selects):
+        for item in select.fromClause or ():
+            for table in tables(item):
+                alias = table.alias.aliasname if table.alias is not None else table.relname
+                schema = wanted.get((scope, alias))
+                if schema is not None and not table.schemaname:
+                    table.schemaname = schema
+
+
+def _and_filters(sql: str, filters: Sequence[ast.Node], scope_ids: Sequence[int],
+                 schemas: Schemas = ()) -> tuple[ast.SelectStmt, list[bool]]:
+    """``sql`` parsed with ``filters[i]`` AND-ed into the WHERE of SELECT ``scope_ids[i]`` and
+    its tables qualified (:data:`Schemas`); and per filter whether it became that WHERE on
+    its own (not an operand of AND)."""
     stmt = parse_select(sql)
     selects = scopes(stmt)
+    _qualify(selects, schemas)
     by_scope: dict[int, list[ast.Node]] = {}
     for node, scope in zip(filters, scope_ids, strict=True):
         if not 0 <= scope < len(selects):
@@ -190,12 +220,12 @@ def _and_filters(sql: str, filters: Sequence[ast.Node], scope_ids: Sequence[int]
     return stmt, [selects[s].whereClause is n for n, s in zip(filters, scope_ids, strict=True)]
 
 
-def print_skip_filters(sql: str, filters: Sequence[SkipFilter]) -> str:
+def print_skip_filters(sql: str, filters: Sequence[SkipFilter], schemas: Schemas = ()) -> str:
     """``sql`` with each filter's predicate AND-ed into the WHERE of the SELECT that lists the
-    table; the whole statement printed and checked by the re-parse safety belt. The reference
-    for :func:`add_skip_filters`."""
+    table and its tables qualified (:data:`Schemas`); the whole statement printed and checked
+    by the re-parse safety belt. The reference for :func:`add_skip_filters`."""
     stmt, _alone = _and_filters(sql, [skip_predicate(f) for f in filters],
-                                [f.scope for f in filters])
+                                [f.scope for f in filters], schemas)
     return print_checked(stmt)
 
 
@@ -212,14 +242,14 @@ class _Skeleton:
 
 
 @cached(512)
-def _skeleton(sql: str, scope_ids: tuple[int, ...]) -> _Skeleton:
+def _skeleton(sql: str, scope_ids: tuple[int, ...], schemas: Schemas = ()) -> _Skeleton:
     """``sql`` printed (and checked) with a placeholder column where each filter goes. A
     placeholder is a lower-case identifier with a random part, printed as it is; it must occur
     exactly once in the text."""
     nonce = secrets.token_hex(8)
     names = [f"imp_skip_{nonce}_{i}_" for i in range(len(scope_ids))]
     stmt, alone = _and_filters(sql, [ast.ColumnRef(fields=(ast.String(sval=n),)) for n in names],
-                               scope_ids)
+                               scope_ids, schemas)
     text = print_checked(stmt)
     if any(text.count(name) != 1 for name in names):
         raise InstrumentationError("a placeholder is not printed exactly once")
@@ -247,7 +277,7 @@ def _predicate_text(f: SkipFilter) -> tuple[str, bool]:
     return text, isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.OR_EXPR
 
 
-def add_skip_filters(sql: str, filters: Sequence[SkipFilter]) -> str:
+def add_skip_filters(sql: str, filters: Sequence[SkipFilter], schemas: Schemas = ()) -> str:
     """:func:`print_skip_filters`, assembled from the statement printed once per query text
     with placeholders (:func:`_skeleton`) and each predicate printed on its own, parenthesised
     as the printer does it for an operand of AND (an OR; an AND joins the list). The text is
@@ -256,7 +286,7 @@ def add_skip_filters(sql: str, filters: Sequence[SkipFilter]) -> str:
     Why: a maintained sketch changes its fragments with every delta, so the whole statement
     was printed and re-parsed again for every change (1.5-3 ms each, a tenth of a top-k
     maintenance); a predicate alone costs a fraction of that."""
-    skeleton = _skeleton(sql, tuple(f.scope for f in filters))
+    skeleton = _skeleton(sql, tuple(f.scope for f in filters), schemas)
     out = [skeleton.pieces[0]]
     for i, piece in zip(skeleton.order, skeleton.pieces[1:], strict=True):
         text, disjunction = _predicate_text(filters[i])

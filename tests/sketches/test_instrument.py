@@ -16,7 +16,7 @@ from sketches.ranges import RangePartition
 from sketches.sketch import SketchPart
 from sketches.sql import TableRef
 from sketches.sql.parse import print_checked, same_tree
-from sketches.sql.rewrite import Range, SkipFilter, add_skip_filters, print_skip_filters
+from sketches.sql.rewrite import Range, Schemas, SkipFilter, add_skip_filters, print_skip_filters
 
 P = RangePartition("public", "t", "a", "integer", (10, 20, 30, 40), ("10", "20", "30", "40"),
                    "{10,20,30,40}")
@@ -147,8 +147,10 @@ _BOUNDS = st.one_of(st.none(), st.integers(-5, 60).map(str),
 
 
 @st.composite
-def _filters(draw: st.DrawFn) -> tuple[str, list[SkipFilter]]:
+def _filters(draw: st.DrawFn) -> tuple[str, list[SkipFilter], Schemas]:
     sql, aliases = draw(st.sampled_from(_QUERIES))
+    schemas = tuple((scope, alias, draw(st.sampled_from(["public", "s2", "Odd Schema"])))
+                    for scope, alias in aliases if draw(st.booleans()))
     out = []
     for _ in range(draw(st.integers(1, 3))):
         scope, alias = draw(st.sampled_from(aliases))
@@ -159,14 +161,29 @@ def _filters(draw: st.DrawFn) -> tuple[str, list[SkipFilter]]:
                               for b in (r.lo, r.hi))) for r in ranges]
         out.append(SkipFilter(scope, alias, draw(st.sampled_from(["a", "x"])),
                               type_name, tuple(ranges), draw(st.booleans())))
-    return sql, out
+    return sql, out, schemas
 
 
 @settings(max_examples=300, deadline=None)
 @given(_filters())
 def test_assembled_text_equals_the_whole_statement_printed(
-        case: tuple[str, list[SkipFilter]]) -> None:
+        case: tuple[str, list[SkipFilter], Schemas]) -> None:
     """The placeholder assembly of :func:`add_skip_filters` gives exactly the text of printing
-    the whole rewritten tree (:func:`print_skip_filters`): same parentheses, same literals."""
-    sql, filters = case
-    assert add_skip_filters(sql, filters) == print_skip_filters(sql, filters)
+    the whole rewritten tree (:func:`print_skip_filters`): same parentheses, same literals,
+    same qualified tables."""
+    sql, filters, schemas = case
+    assert add_skip_filters(sql, filters, schemas) == print_skip_filters(sql, filters, schemas)
+
+
+def test_tables_are_qualified_with_the_schemas_resolved() -> None:
+    """Each table named without a schema gets the one given for its (scope, alias), in joins
+    and FROM subqueries; one the query qualifies keeps its own, and a subquery's alias is no
+    table."""
+    sql = ("SELECT q.a, u.x FROM (SELECT x.a FROM t x JOIN w ON w.k = x.a) q"
+           " JOIN other.u ON u.x = q.a")
+    f = SkipFilter(1, "x", "a", "integer", (Range("1", "5"),), False)
+    schemas = ((1, "x", "Odd Schema"), (1, "w", "s2"), (0, "u", "s3"), (0, "q", "s4"))
+    text = add_skip_filters(sql, [f], schemas)
+    assert text == print_skip_filters(sql, [f], schemas)
+    assert '"Odd Schema".t AS x' in text and "s2.w" in text and "other.u" in text
+    assert "s3" not in text and "s4" not in text

@@ -372,6 +372,42 @@ def test_a_state_beyond_max_state_rows_is_kept_by_recapture(db: str) -> None:
                 m.close()
 
 
+def test_a_table_created_earlier_on_the_search_path_meanwhile_is_not_read(conn: Conn,
+                                                                            db: str) -> None:
+    """The instrumented query names its tables in the schemas the query's snapshot resolved
+    them to. Found by a helper's search through the proxy: a same-named table created in a
+    schema earlier on the search_path, committed after the wrapping's snapshot but before
+    the instrumented query was parsed, was read in the older snapshot — no rows, where
+    PostgreSQL alone answers from one table or the other."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS shadowing")
+    fresh_table(conn, "shadowed", "id int, g int",
+                "SELECT i, CASE WHEN i < 300 THEN 3 ELSE i % 20 END"
+                " FROM generate_series(1, 2000) i")
+    conn.execute("SET search_path = shadowing, public")
+    sql = "SELECT g, count(*) FROM shadowed GROUP BY g HAVING count(*) > 150 ORDER BY g"
+    m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
+    try:
+        assert [check(m, conn, sql, None).decision for _ in range(2)] == ["capture", "use"]
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        row = conn.execute("SELECT current_setting('search_path'),"
+                           " pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        expected = conn.execute(sql).fetchall()
+        p = m.prepare(conn, sql, None, row[0], snapshot=row[1])
+        assert p.decision == "use" and p.instrumented_sql is not None
+        with psycopg.connect(db, autocommit=True) as other:
+            other.execute("CREATE TABLE shadowing.shadowed (id int, g int)")
+            other.execute("INSERT INTO shadowing.shadowed SELECT i, 3 FROM"
+                          " generate_series(1, 500) i")
+        assert expected and conn.execute(p.instrumented_sql).fetchall() == expected
+        conn.execute("COMMIT")
+    finally:
+        m.close()
+        conn.execute("RESET search_path")
+        conn.execute("DROP SCHEMA shadowing CASCADE")
+        reset(conn)
+
+
 def test_refills_of_value_and_top_k_buffers_are_counted(conn: Conn) -> None:
     """A delta that takes a group's 70 largest values runs its min/max buffer (64 values)
     dry, and one that takes the top 70 rows runs a top-k's buffer dry: both are refilled

@@ -181,7 +181,8 @@ def test_a_column_type_changed_since_the_analysis_is_read_anew(
     column's type changed by ``ALTER TABLE`` afterwards made a sum that cannot raise one
     that can. Found: the cached verdict kept the sketch, and a float sum overflowing in a
     group the sketch skipped gave rows where PostgreSQL raises 22003. The query's tables'
-    columns are compared with the analysis' on every prepare, and a change analyses anew."""
+    columns are compared with the analysis' on every prepare, and a change analyses anew,
+    also back to a type that keeps the sketch."""
     table = "ct_" + column.split()[1].split("(")[0]
     fresh_table(conn, table, f"id int, g int, {column}",
                 "SELECT i, i % 20, i FROM generate_series(1, 2000) i")
@@ -191,6 +192,12 @@ def test_a_column_type_changed_since_the_analysis_is_read_anew(
     try:
         p, _original = agree(m, conn, sql)
         assert p is not None and p.decision == "capture", p
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN {alter}")
+        p, _original = agree(m, conn, sql)
+        assert p is not None and p.decision == "passthrough", p
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column.replace(' ', ' TYPE ', 1)}")
+        p, _original = agree(m, conn, sql)   # back as it was: sketched again
+        assert p is not None and p.decision in ("capture", "use"), p
         conn.execute(f"ALTER TABLE {table} ALTER COLUMN {alter}")
         p, _original = agree(m, conn, sql)
         assert p is not None and p.decision == "passthrough", p
