@@ -862,7 +862,8 @@ def test_rewrite_of_hostile_names_is_instrumented_and_exact(
 def _check_rewrite(inject_db: str, sketch_proxy: ProxyProcess, table: str, gcol: str,
                    vcol: str, literal: str, threshold: int) -> str | None:
     """Creates the table, compares proxy and direct answers, and checks the instrumented SQL
-    parses to the original tree plus one predicate on the sketch column; returns it."""
+    parses to the original tree plus one predicate on the sketch column (and the table
+    qualified with its schema); returns it."""
     t, g, v = sql.Identifier(table), sql.Identifier(gcol), sql.Identifier(vcol)
     with psycopg.connect(inject_db, autocommit=True) as c:
         c.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
@@ -890,6 +891,9 @@ def _check_rewrite(inject_db: str, sketch_proxy: ProxyProcess, table: str, gcol:
         assert len(rewritten) == 1, "the rewrite must stay one statement"
         o, r = original[0].stmt, rewritten[0].stmt
         assert isinstance(r, ast.SelectStmt) and isinstance(o, ast.SelectStmt)
+        for item in r.fromClause or ():   # the table is named in the schema it resolved to
+            assert isinstance(item, ast.RangeVar) and item.schemaname == "public", item
+            item.schemaname = None
         assert _clauses(r) == _clauses(o), "only the WHERE clause may change"
         where, original_where = r.whereClause, o.whereClause
         assert isinstance(where, ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR
