@@ -673,21 +673,16 @@ class SketchManager(IncrementalMaintenance):
         if search_path is None:
             search_path = _search_path(conn)
         analysis, safety, columns = self._analyse(conn, sql, search_path, snapshot)
-        if columns is not None and not safety.sketchable:   # a verdict the catalog decided
+        if columns is None:   # the text alone makes it unsketchable
+            return self._passthrough(safety.reason)
+        relations = self._relations(conn, analysis, search_path, snapshot)
+        if relations.reason is None and relations.columns != columns:   # analysed on others
+            analysis, safety, _c = self._analyse(conn, sql, search_path, snapshot, again=True)
             relations = self._relations(conn, analysis, search_path, snapshot)
-            if relations.reason is None and relations.columns != columns:
-                analysis, safety, columns = self._analyse(conn, sql, search_path, snapshot,
-                                                          again=True)
         if not safety.sketchable:
             return self._passthrough(safety.reason)
         if _clock_values(params):
             return self._passthrough("a parameter reads the clock ('now', 'today', …)")
-        relations = self._relations(conn, analysis, search_path, snapshot)
-        if relations.reason is None and relations.columns != columns:
-            analysis, safety, _c = self._analyse(conn, sql, search_path, snapshot, again=True)
-            if not safety.sketchable:
-                return self._passthrough(safety.reason)
-            relations = self._relations(conn, analysis, search_path, snapshot)
         if relations.reason is not None:
             return self._passthrough(relations.reason)
         free = (relations.settings_free and not analysis.calls & TEMPORAL_FUNCTIONS
@@ -728,7 +723,7 @@ class SketchManager(IncrementalMaintenance):
                 entry.maintenances += 1
                 entry.sketch = refreshed
                 entry.instrumented.clear()
-            _qualify(entry, analysis, relations)
+            _pin_schemas(entry, analysis, relations)
             self._note_use(entry)
             prepared = self._finish("use", sql, entry, conn, params)
             self._remember(key, snapshot, tmpl, entry, inst, free)
@@ -750,7 +745,7 @@ class SketchManager(IncrementalMaintenance):
         tmpl.recent.append(entry.reuse)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
-        _qualify(entry, analysis, relations)
+        _pin_schemas(entry, analysis, relations)
         return self._finish("capture", sql, entry, conn, params)
 
     def _relations(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
@@ -1664,7 +1659,7 @@ def _settings_free_values(params: Sequence[object] | None) -> bool:
     return all(isinstance(v, _SETTINGS_FREE_TYPES) for v in _param_values(params))
 
 
-def _qualify(entry: _Entry, analysis: QueryAnalysis, relations: lookup.Relations) -> None:
+def _pin_schemas(entry: _Entry, analysis: QueryAnalysis, relations: lookup.Relations) -> None:
     """Has ``entry``'s instrumented texts name the query's tables in the schemas
     ``relations`` resolved them to (those the wrapping locked, in the query's snapshot), and
     forgets the texts instrumented for others."""

@@ -24,7 +24,7 @@ from ._struct import INT32, INT64
 
 _EPOCH = dt.datetime(2000, 1, 1)   # PostgreSQL's epoch for dates and timestamps
 _DATE_END, _DATE_BEGIN = 2**31 - 1, -(2**31)
-_TIME_END, _TIME_BEGIN = 2**63 - 1, -(2**63)
+_TIMESTAMP_END, _TIMESTAMP_BEGIN = 2**63 - 1, -(2**63)
 _DAY = 86_400_000_000   # µs; 24:00:00 is a time of day in PostgreSQL
 
 
@@ -60,9 +60,9 @@ def _time(raw: bytes) -> str:
 
 def _timestamp(raw: bytes, offset: str = "") -> str:
     (micros,) = INT64.unpack(raw)
-    if micros == _TIME_END:
+    if micros == _TIMESTAMP_END:
         return "infinity"
-    if micros == _TIME_BEGIN:
+    if micros == _TIMESTAMP_BEGIN:
         return "-infinity"
     return (_EPOCH + dt.timedelta(microseconds=micros)).isoformat(sep=" ") + offset
 

@@ -97,25 +97,14 @@ def print_checked(stmt: ast.SelectStmt) -> str:
 def same_tree(a: object, b: object) -> bool:
     """Structural equality of two ASTs ignoring positions, treating unset attributes and
     their zero values (None/False/0/empty) alike: nodes built by hand leave defaults unset
-    where the parser fills them in."""
-    if isinstance(a, ast.Node) or isinstance(b, ast.Node):
-        if type(a) is not type(b):
-            return False
-        assert isinstance(a, ast.Node) and isinstance(b, ast.Node)
-        ignore = a._ATTRS_TO_IGNORE_IN_COMPARISON
-        return all(same_tree(getattr(a, k, None), getattr(b, k, None))
-                   for k in set(a) | set(b) if k not in ignore)
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b, strict=True))
-    if not a and not b:
-        return True
-    return a == b
+    where the parser fills them in (:func:`tree_key`)."""
+    return tree_key(a) == tree_key(b)
 
 
 def tree_key(node: object) -> object:
-    """A value equal for two trees exactly when :func:`same_tree` holds for them. Why: a
-    query's skeleton was walked against every kept sketch's skeleton of its template (about
-    60 µs a pair); a key is built once per tree and compared at C speed."""
+    """A value equal for two trees exactly when they are the same tree (:func:`same_tree`).
+    Why a key: a query's skeleton was walked against every kept sketch's skeleton of its
+    template (about 60 µs a pair); a key is built once per tree and compared at C speed."""
     if isinstance(node, ast.Node):
         ignore = node._ATTRS_TO_IGNORE_IN_COMPARISON
         attrs = []

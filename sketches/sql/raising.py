@@ -253,15 +253,18 @@ class _Ctx:
     catalog: Catalog
     covered: frozenset[str]
 
-    def column_type(self, node: ast.ColumnRef) -> int | None:
+    def column(self, node: ast.ColumnRef) -> ColumnRef | None:
         alias, column = (f.sval for f in node.fields)
         table = self.tables.get(alias)
-        return None if table is None else self.catalog.columns.get(ColumnRef(table, column))
+        return None if table is None else ColumnRef(table, column)
+
+    def column_type(self, node: ast.ColumnRef) -> int | None:
+        ref = self.column(node)
+        return None if ref is None else self.catalog.columns.get(ref)
 
     def column_digits(self, node: ast.ColumnRef) -> tuple[int, int] | None:
-        alias, column = (f.sval for f in node.fields)
-        table = self.tables.get(alias)
-        return None if table is None else self.catalog.digits.get(ColumnRef(table, column))
+        ref = self.column(node)
+        return None if ref is None else self.catalog.digits.get(ref)
 
     def clock_free(self, name: ast.TypeName) -> bool:
         """Does the input of the type ``name`` never read the clock?"""
