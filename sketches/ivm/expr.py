@@ -213,9 +213,25 @@ class Arith:
 
 @dataclass(frozen=True, slots=True)
 class And:
+    """AND with SQL's three-valued logic. It stops at the first false argument, unless an
+    argument computes arithmetic (:func:`can_raise`): then every argument is evaluated, and
+    an error of any one raises. Why: PostgreSQL does not evaluate in the written order — it
+    runs a condition list cheapest first, moves a HAVING condition without aggregates into
+    WHERE (every row of every group) and rewrites boolean trees — so an overflow the written
+    order would never reach can be its error. Raised here, it recaptures, and the capture
+    (the query itself) decides (found by a helper's search: ``HAVING count(*) + 0 + 0 > 60
+    AND max(b) + 1 > 0`` and ``HAVING count(*) > 60 AND g * 60000000 >= 0`` answered rows
+    where PostgreSQL raised integer out of range)."""
+
     args: tuple[Expr, ...]
+    every: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "every", any(can_raise(a) for a in self.args))
 
     def eval(self, row: Row) -> object:
+        if self.every:
+            return combine([a.eval(row) for a in self.args], False)
         unknown = False
         for arg in self.args:
             v = arg.eval(row)
@@ -228,9 +244,18 @@ class And:
 
 @dataclass(frozen=True, slots=True)
 class Or:
+    """OR with SQL's three-valued logic: stops at the first true argument, or evaluates
+    every one, as :class:`And` does."""
+
     args: tuple[Expr, ...]
+    every: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "every", any(can_raise(a) for a in self.args))
 
     def eval(self, row: Row) -> object:
+        if self.every:
+            return combine([a.eval(row) for a in self.args], True)
         unknown = False
         for arg in self.args:
             v = arg.eval(row)
@@ -239,6 +264,13 @@ class Or:
             if v is None:
                 unknown = True
         return None if unknown else False
+
+
+def combine(values: list[object], is_or: bool) -> object:
+    """OR (``is_or``) / AND of evaluated arguments, three-valued."""
+    if any(v is is_or for v in values):
+        return is_or
+    return None if any(v is None for v in values) else not is_or
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +292,20 @@ class IsNull:
 
 
 Expr: TypeAlias = Col | Const | Cmp | Arith | And | Or | Not | IsNull
+
+
+def can_raise(expr: Expr) -> bool:
+    """Does ``expr`` compute arithmetic (:class:`Arith`: an integer or float8 out of range
+    raises, as PostgreSQL's would)?"""
+    if isinstance(expr, Arith):
+        return True
+    if isinstance(expr, Col | Const):
+        return False
+    if isinstance(expr, Cmp):
+        return can_raise(expr.left) or can_raise(expr.right)
+    if isinstance(expr, And | Or):
+        return expr.every
+    return can_raise(expr.arg)
 
 
 def columns(expr: Expr) -> frozenset[int]:

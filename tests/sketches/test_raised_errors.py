@@ -170,6 +170,44 @@ def test_errors_in_what_the_capture_and_maintenance_evaluate_are_raised(
         m.close()
 
 
+NOT_WRITTEN_ORDER = {
+    "cheaper condition first": (
+        "b int8", "HAVING count(*) + 0 + 0 > 60 AND max(b) + 1 > 0", "(35, 9223372036854775807)"),
+    "int2 product, cheaper first": (
+        "b int2", "HAVING count(*) + 0 + 0 > 60 AND max(b) * max(b) > 0", "(35, 200)"),
+    "no aggregate: moved to WHERE": (
+        "b int", "HAVING count(*) > 60 AND g * 60000000 >= 0", "(36, 1)"),
+    "no aggregate, under OR": (
+        "b int", "HAVING count(*) > 60 OR (count(*) > 0 AND g * 60000000 < 0)", "(36, 1)"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_WRITTEN_ORDER)
+def test_a_condition_postgresql_evaluates_before_the_written_one_raises(
+        conn: Conn, case: str) -> None:
+    """PostgreSQL does not evaluate HAVING's conditions in the written order: it runs them
+    cheapest first and moves one without aggregates into WHERE (every row). Found by a
+    helper's search: the maintenance stopped at a false condition written first and never
+    computed the overflowing one, so the sketch skipped the new group and the query
+    answered rows where PostgreSQL raises 22003. Every condition of a connective that
+    computes arithmetic is now evaluated."""
+    column, having, bad = NOT_WRITTEN_ORDER[case]
+    table = "eo_" + str(list(NOT_WRITTEN_ORDER).index(case))
+    fresh_table(conn, table, f"id serial, g int, {column}",
+                "(g, b) SELECT CASE WHEN i > 2000 THEN 3 ELSE i % 35 END, i % 7"
+                " FROM generate_series(1, 2030) i")
+    sql = f"SELECT g, count(*) FROM {table} GROUP BY g {having}"  # noqa: S608
+    m = SketchManager(_settings(False))
+    try:
+        p, original = agree(m, conn, sql)
+        assert p is not None and p.decision == "capture" and original[0] == "rows", p
+        conn.execute(f"INSERT INTO {table} (g, b) VALUES {bad}")  # noqa: S608
+        _p, original = agree(m, conn, sql)
+        assert original[0] == "error" and original[1][0] == "22003"  # type: ignore[index]
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize(("column", "alter", "aggregate", "bad"), [
     ("v int", "v TYPE float8", "sum(v)", "(5000, -7, 1e308), (5001, -7, 1e308)"),
     ("v numeric(15, 2)", "v TYPE numeric", "sum(v * (1 - v))",

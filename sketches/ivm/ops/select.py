@@ -24,6 +24,7 @@ from sketches.ivm.expr import (
     as_float8,
     check_kinds,
     columns,
+    combine,
     is_nan,
     temporal_kind,
 )
@@ -59,7 +60,7 @@ def _compile(expr: Expr) -> Eval:
     column and a constant) then cost one Python call per comparison instead of three. Same
     three-valued results and errors as :mod:`sketches.ivm.expr`; other nodes use ``eval``."""
     if type(expr) is Or or type(expr) is And:
-        return connective([_compile(a) for a in expr.args], type(expr) is Or)
+        return connective([_compile(a) for a in expr.args], type(expr) is Or, expr.every)
     compared = column_and_constant(expr)
     if compared is not None:
         assert isinstance(expr, Cmp)
@@ -76,9 +77,12 @@ def column_and_constant(expr: Expr) -> tuple[int, object] | None:
     return None
 
 
-def connective(args: Sequence[Callable[[T], object]], is_or: bool) -> Callable[[T], object]:
+def connective(args: Sequence[Callable[[T], object]], is_or: bool,
+               every: bool = False) -> Callable[[T], object]:
     """OR (``is_or``) / AND of tests with SQL's three-valued logic, as :class:`Or` /
-    :class:`And` (the tests after a decisive one are not run)."""
+    :class:`And`: the tests after a decisive one are not run, unless ``every``."""
+    if every:
+        return lambda row: combine([arg(row) for arg in args], is_or)
     decisive = is_or   # OR stops at TRUE, AND at FALSE
 
     def test(row: T) -> object:

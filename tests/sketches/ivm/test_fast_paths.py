@@ -9,12 +9,13 @@ from __future__ import annotations
 from decimal import Decimal
 
 import psycopg
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
 from sketches.ivm.errors import NotMaintainable
-from sketches.ivm.expr import And, Cmp, Col, Const, Expr, IsNull, Not, Or
+from sketches.ivm.expr import And, Arith, Cmp, Col, Const, Expr, IsNull, Not, Or
 from sketches.ivm.ops.accumulators import (
     Accumulator,
     _pg_numeric_div_fraction,
@@ -25,6 +26,7 @@ from sketches.ivm.ops.grouptest import compile_group_test
 from sketches.ivm.ops.join import key_function, key_of
 from sketches.ivm.ops.select import _compile
 from sketches.ivm.ops.topk import OrderItem, order_key, order_key_function
+from sketches.typeoids import INT2
 
 SETTINGS = settings(max_examples=300, deadline=None)
 values = st.one_of(st.none(), st.integers(-5, 5), st.decimals(-5, 5, places=1),
@@ -32,8 +34,12 @@ values = st.one_of(st.none(), st.integers(-5, 5), st.decimals(-5, 5, places=1),
 rows = st.tuples(values, values, values)
 consts = st.one_of(st.none(), st.integers(-5, 5), st.decimals(-5, 5, places=1),
                    st.sampled_from(["a"]))
-cmps = st.builds(Cmp, st.sampled_from(["=", "<>", "!=", "<", "<=", ">", ">="]),
-                 st.builds(Col, st.integers(0, 2)), st.builds(Const, consts))
+OPS = st.sampled_from(["=", "<>", "!=", "<", "<=", ">", ">="])
+cmps = st.one_of(
+    st.builds(Cmp, OPS, st.builds(Col, st.integers(0, 2)), st.builds(Const, consts)),
+    st.builds(Cmp, OPS, st.builds(Arith, st.sampled_from(["+", "*"]),
+                                  st.builds(Col, st.integers(0, 2)), st.builds(Const, consts),
+                                  result_type=st.just(INT2)), st.builds(Const, consts)))
 exprs: st.SearchStrategy[Expr] = st.recursive(
     cmps, lambda sub: st.one_of(
         st.builds(Or, st.lists(sub, min_size=1, max_size=3).map(tuple)),
@@ -56,6 +62,24 @@ def _outcome(f: object, row: tuple[object, ...]) -> object:
 @given(exprs, rows)
 def test_compiled_predicate_is_eval(expr: Expr, row: tuple[object, ...]) -> None:
     assert _outcome(_compile(expr), row) == _outcome(expr.eval, row)
+
+
+@pytest.mark.parametrize("is_or", [False, True])
+def test_a_connective_computing_arithmetic_evaluates_every_argument(is_or: bool) -> None:
+    """Its overflow raises although an argument before it decides: PostgreSQL's order is
+    not the written one (``test_raised_errors``). One without arithmetic still stops at the
+    deciding argument (a text value beside a number is not compared)."""
+    decided = Cmp("<" if is_or else ">", Col(0), Const(5))
+    overflow = Cmp(">", Arith("*", Col(1), Const(200), result_type=INT2), Const(0))
+    plain = Cmp(">", Col(2), Const(1))
+    build = Or if is_or else And
+    for expr in (build((decided, overflow)), build((decided, build((plain, overflow))))):
+        for test in (expr.eval, _compile(expr)):
+            with pytest.raises(NotMaintainable):
+                test((1, 200, 0))
+            assert test((1, 1, 0)) is is_or
+    for test in (build((decided, plain)).eval, _compile(build((decided, plain)))):
+        assert test((1, 200, "a")) is is_or
 
 
 @SETTINGS
