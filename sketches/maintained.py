@@ -159,8 +159,10 @@ class Entry:
     relations: tuple[int, ...] = ()
     """The oids of the query's tables the sketch was captured on (``lookup.Relations``)."""
     schemas: Schemas = ()
-    """The schema of each table of the query, as its last use resolved the names: the
-    ``instrumented`` texts qualify them (``sketches.sql.rewrite.Schemas``)."""
+    """The schema of each table of the query, as its capture (or first use after a restart)
+    resolved the names: ``analysis`` carries them, and every text made for the sketch — the
+    ``instrumented`` ones, the capture, the state build, the delta reads — qualifies them
+    (``sketches.sql.rewrite.Schemas``, ``SketchManager`` ``_pin_schemas``)."""
     reuse: Reuse = field(default_factory=Reuse)
 
     def idle_since(self) -> float:

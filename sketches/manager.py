@@ -84,6 +84,7 @@ from sketches.safety import (
 from sketches.sketch import Sketch, SketchPart
 from sketches.sql import QueryAnalysis, TableRef, analyse, fingerprint
 from sketches.sql.grammar import reads_the_clock
+from sketches.sql.rewrite import Schemas
 from sketches.sql.template import TemplateInstance, instance, reusable
 from sketches.worth import compare as compare_plans
 
@@ -705,12 +706,16 @@ class SketchManager(IncrementalMaintenance):
         request = MaintenanceRequest(analysis, params, frozenset(self._own_xids))
         runs = tmpl.note_values(_values(inst))
         carried: str | None = None   # the per-sketch strategy of a sketch captured anew
+        schemas = _schemas(analysis, relations.names)
         for entry in self._candidates(tmpl, inst, relations.oids):
             if not _same_values(entry.instance, inst):
                 if not self._useful(entry.sketch):
                     continue  # a broad sketch of a looser query: a fresh capture may skip more
                 if self._wants_own(tmpl, entry, runs):
                     break
+            if not _pin_schemas(entry, schemas):
+                self._forget(tmpl, entry)
+                continue
             refreshed = self._refresh(conn, entry, request, snapshot, tmpl)
             if isinstance(refreshed, str):
                 return self._passthrough(refreshed)
@@ -723,7 +728,6 @@ class SketchManager(IncrementalMaintenance):
                 entry.maintenances += 1
                 entry.sketch = refreshed
                 entry.instrumented.clear()
-            _pin_schemas(entry, analysis, relations)
             self._note_use(entry)
             prepared = self._finish("use", sql, entry, conn, params)
             self._remember(key, snapshot, tmpl, entry, inst, free)
@@ -745,7 +749,6 @@ class SketchManager(IncrementalMaintenance):
         tmpl.recent.append(entry.reuse)
         self._uncommitted().captured.append((tmpl, entry))
         self._count("captures")
-        _pin_schemas(entry, analysis, relations)
         return self._finish("capture", sql, entry, conn, params)
 
     def _relations(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
@@ -1035,12 +1038,15 @@ class SketchManager(IncrementalMaintenance):
         a bounded wait (:func:`sketches.ranges.lock_query_tables`): a partition built here
         takes SHARE UPDATE EXCLUSIVE on its table, which must not be held while the capture
         waits for another table of the query. ``strategy``: the per-sketch strategy of the
-        sketch it replaces (a ``recapture`` one builds no state)."""
+        sketch it replaces (a ``recapture`` one builds no state). Every text made for the
+        sketch names the tables in the schemas of ``names`` (:func:`_pin_schemas`)."""
         lock_query_tables(conn, names)
+        schemas = _schemas(analysis, names) if names else ()
+        analysis = analysis.with_schemas(schemas)
         targets = self._targets(conn, analysis, safety)
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn),
-                       relations=relations, strategy=strategy)
+                       relations=relations, strategy=strategy, schemas=schemas)
         pipeline = None
         if not self._custom and self.strategy_of(entry) != "recapture":
             sketch_targets = [SketchTarget(t.table.index, t.column, t.partition)
@@ -1659,14 +1665,26 @@ def _settings_free_values(params: Sequence[object] | None) -> bool:
     return all(isinstance(v, _SETTINGS_FREE_TYPES) for v in _param_values(params))
 
 
-def _pin_schemas(entry: _Entry, analysis: QueryAnalysis, relations: lookup.Relations) -> None:
-    """Has ``entry``'s instrumented texts name the query's tables in the schemas
-    ``relations`` resolved them to (those the wrapping locked, in the query's snapshot), and
-    forgets the texts instrumented for others."""
-    schemas = tuple((t.scope, t.alias, relations.names[t.index][0]) for t in analysis.tables)
-    if entry.schemas != schemas:
-        entry.schemas = schemas
-        entry.instrumented.clear()
+def _schemas(analysis: QueryAnalysis, names: Sequence[tuple[str, str]]) -> Schemas:
+    """Each table's schema as ``names`` (``lookup.Relations.names``) resolved it."""
+    return tuple((t.scope, t.alias, names[t.index][0]) for t in analysis.tables)
+
+
+def _pin_schemas(entry: _Entry, schemas: Schemas) -> bool:
+    """Has every text made for ``entry`` (instrumented query, capture, state build, delta
+    reads: its ``analysis``) name the query's tables in ``schemas``, those the wrapping
+    resolved and locked in the query's snapshot. False when its texts name others already:
+    a table moved to another schema since, keeping its oid (the caller forgets the entry).
+    An entry loaded from the catalog is pinned at its first use."""
+    if entry.schemas == schemas:
+        return True
+    if entry.schemas:
+        return False
+    entry.schemas = schemas
+    entry.instrumented.clear()
+    if entry.analysis is not None:
+        entry.analysis = entry.analysis.with_schemas(schemas)
+    return True
 
 
 def _search_path(conn: psycopg.Connection[Any]) -> str:

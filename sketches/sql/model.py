@@ -19,6 +19,8 @@ Every ``Expression.sql`` is PostgreSQL syntax printed by pglast; parameters stay
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -168,6 +170,19 @@ class QueryAnalysis:
         refs = [c for e in exprs for c in e.columns]
         refs += [c for pair in self.join_equalities for c in pair]
         return tuple(dict.fromkeys(refs))
+
+    def with_schemas(self, schemas: Iterable[tuple[int, str, str]]) -> QueryAnalysis:
+        """This analysis with each table of ``schemas`` (``(scope, alias, schema)``) written
+        without a schema given that one. Why: the texts made from it (capture, state build,
+        delta reads) then name the relations their caller resolved and locked, whatever the
+        search_path finds when they are parsed — a same-named table created earlier on it
+        in between would be read in the older snapshot, empty."""
+        wanted = {(scope, alias): schema for scope, alias, schema in schemas}
+        tables = tuple(
+            dataclasses.replace(t, schema=wanted[(t.scope, t.alias)])
+            if t.schema is None and (t.scope, t.alias) in wanted else t
+            for t in self.tables)
+        return self if tables == self.tables else dataclasses.replace(self, tables=tables)
 
     @property
     def is_aggregate(self) -> bool:

@@ -58,6 +58,24 @@ def test_fragment_ids_pass_up_through_a_from_subquery(conn: psycopg.Connection[A
     assert res.parts[0].fragments == {ts[0].partition.fragment_of(g) for (g,) in groups}
 
 
+def test_tables_are_named_in_the_schemas_of_the_analysis(conn: psycopg.Connection[Any],
+                                                         tables: str) -> None:
+    """A table the query names without a schema is qualified with the one its analysis
+    carries (``QueryAnalysis.with_schemas``), in a FROM subquery too; one the query
+    qualifies keeps its own, and the capture still reads the same rows."""
+    sql = ("SELECT q.key, count(*) FROM (SELECT ct.g AS key FROM ct JOIN public.cd"
+           " ON cd.k = ct.g WHERE ct.v = 3) q GROUP BY q.key HAVING count(*) > 14")
+    a, ts = targets(conn, sql, {"ct": "g", "cd": "k"})
+    plain = capture(conn, sql, a, ts)
+    pinned = a.with_schemas([(t.scope, t.alias, "public") for t in a.tables])
+    assert [t.schema for t in a.tables] == [None, "public"]
+    assert [t.schema for t in pinned.tables] == ["public", "public"]
+    assert "FROM public.ct INNER JOIN public.cd" in capture_sql(sql, pinned, ts)
+    assert "FROM ct INNER JOIN public.cd" in capture_sql(sql, a, ts)
+    assert capture(conn, sql, pinned, ts).parts == plain.parts
+    assert a.with_schemas([(1, "elsewhere", "s")]) is a
+
+
 def test_version_is_the_snapshot_of_the_capture(conn: psycopg.Connection[Any],
                                                 tables: str) -> None:
     sql = "SELECT g, count(*) FROM ct GROUP BY g HAVING count(*) > $1"

@@ -27,7 +27,7 @@ from psycopg import sql as pgsql
 from psycopg.types.string import TextLoader
 
 import pg_extensions
-from sketches import background, lookup, maintained
+from sketches import background, lookup, maintained, ranges
 from sketches.capture import CaptureTarget, capture
 from sketches.ivm.pipeline import Pipeline
 from sketches.manager import Prepared, SketchManager, SketchSettings
@@ -404,6 +404,52 @@ def test_a_table_created_earlier_on_the_search_path_meanwhile_is_not_read(conn: 
     finally:
         m.close()
         conn.execute("RESET search_path")
+
+
+@pytest.mark.parametrize("strategy", ["lazy", "recapture"])
+def test_a_table_created_earlier_on_the_search_path_during_a_capture_is_not_read(
+        conn: Conn, db: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture and the state build name the query's tables in the schemas its
+    snapshot resolved, as the instrumented query does. A same-named table created earlier
+    on the search_path after the names were resolved and before the capture was parsed was
+    read in the older snapshot: no fragment, and the sketch, kept for the table the names
+    had resolved to, skipped every row of it — for this query and for later ones."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS shadowing")
+    conn.execute("DROP TABLE IF EXISTS shadowing.captured")
+    fresh_table(conn, "captured", "id int, g int",
+                "SELECT i, CASE WHEN i < 300 THEN 3 ELSE i % 20 END"
+                " FROM generate_series(1, 2000) i")
+    sql = "SELECT g, count(*) FROM captured GROUP BY g HAVING count(*) > 150 ORDER BY g"
+    m = SketchManager(SketchSettings(fragments=10, strategy=strategy))
+
+    def shadow_then_lock(c: Conn, names: Sequence[tuple[str, str]]) -> None:
+        with psycopg.connect(db, autocommit=True) as other:
+            other.execute("CREATE TABLE IF NOT EXISTS shadowing.captured (id int, g int)")
+        ranges.lock_query_tables(c, names)
+
+    monkeypatch.setattr("sketches.manager.lock_query_tables", shadow_then_lock)
+    try:
+        conn.execute("SET search_path = shadowing, public")
+        conn.execute("DROP TABLE IF EXISTS shadowing.captured")
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        row = conn.execute("SELECT current_setting('search_path'),"
+                           " pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        expected = conn.execute(sql).fetchall()
+        p = m.prepare(conn, sql, None, row[0], snapshot=row[1])
+        assert p.decision == "capture" and p.instrumented_sql is not None
+        assert expected and conn.execute(p.instrumented_sql).fetchall() == expected
+        conn.execute("COMMIT")
+        monkeypatch.undo()
+        conn.execute("RESET search_path")   # the public table again
+        # the lazy state built in that capture is maintained; recapture-on-change captures
+        # anew after any commit (the shadowing table's)
+        assert check(m, conn, sql, None).decision == ("use" if strategy == "lazy"
+                                                      else "capture")
+    finally:
+        m.close()
+        conn.execute("RESET search_path")
+        conn.execute("DROP TABLE IF EXISTS shadowing.captured")
         conn.execute("DROP SCHEMA shadowing CASCADE")
         reset(conn)
 
