@@ -372,6 +372,17 @@ def test_a_state_beyond_max_state_rows_is_kept_by_recapture(db: str) -> None:
                 m.close()
 
 
+def _opened_and_prepared(m: SketchManager, conn: Conn, sql: str
+                         ) -> tuple[list[tuple[Any, ...]], Prepared]:
+    """In a REPEATABLE READ transaction left open: the original's rows, then prepare."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    row = conn.execute("SELECT current_setting('search_path'),"
+                       " pg_current_snapshot()::text").fetchone()
+    assert row is not None
+    expected = conn.execute(sql).fetchall()
+    return expected, m.prepare(conn, sql, None, row[0], snapshot=row[1])
+
+
 def test_a_table_created_earlier_on_the_search_path_meanwhile_is_not_read(conn: Conn,
                                                                             db: str) -> None:
     """The instrumented query names its tables in the schemas the query's snapshot resolved
@@ -388,12 +399,7 @@ def test_a_table_created_earlier_on_the_search_path_meanwhile_is_not_read(conn: 
     m = SketchManager(SketchSettings(fragments=10, strategy="lazy"))
     try:
         assert [check(m, conn, sql, None).decision for _ in range(2)] == ["capture", "use"]
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        row = conn.execute("SELECT current_setting('search_path'),"
-                           " pg_current_snapshot()::text").fetchone()
-        assert row is not None
-        expected = conn.execute(sql).fetchall()
-        p = m.prepare(conn, sql, None, row[0], snapshot=row[1])
+        expected, p = _opened_and_prepared(m, conn, sql)
         assert p.decision == "use" and p.instrumented_sql is not None
         with psycopg.connect(db, autocommit=True) as other:
             other.execute("CREATE TABLE shadowing.shadowed (id int, g int)")
@@ -431,12 +437,7 @@ def test_a_table_created_earlier_on_the_search_path_during_a_capture_is_not_read
     try:
         conn.execute("SET search_path = shadowing, public")
         conn.execute("DROP TABLE IF EXISTS shadowing.captured")
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        row = conn.execute("SELECT current_setting('search_path'),"
-                           " pg_current_snapshot()::text").fetchone()
-        assert row is not None
-        expected = conn.execute(sql).fetchall()
-        p = m.prepare(conn, sql, None, row[0], snapshot=row[1])
+        expected, p = _opened_and_prepared(m, conn, sql)
         assert p.decision == "capture" and p.instrumented_sql is not None
         assert expected and conn.execute(p.instrumented_sql).fetchall() == expected
         conn.execute("COMMIT")
