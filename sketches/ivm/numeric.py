@@ -22,26 +22,50 @@ from sketches.ivm.errors import NotMaintainable
 EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 """A context whose ``+ − ×`` never round (the default context's traps)."""
 
+MAX_WHOLE_DIGITS = 131_072
+"""Digits before the point PostgreSQL's numeric holds (``NUMERIC_WEIGHT_MAX``): a result
+with more raises 22003 there (``value overflows numeric format``), also a sum or average
+whose rows each fit."""
+MAX_SCALE = 16_383
+"""Digits after the point PostgreSQL's numeric holds (``NUMERIC_DSCALE_MAX``): it rounds a
+product with more, which this module does not."""
+
 
 def add(a: Any, b: Any) -> Any:
-    """``a + b``, exact when either is a Decimal."""
+    """``a + b``, exact when either is a Decimal (:func:`checked`)."""
     if type(a) is Decimal or type(b) is Decimal:
-        return EXACT.add(a, b)
+        return checked(EXACT.add(a, b))
     return a + b
 
 
 def subtract(a: Any, b: Any) -> Any:
-    """``a − b``, exact when either is a Decimal."""
+    """``a − b``, exact when either is a Decimal (:func:`checked`)."""
     if type(a) is Decimal or type(b) is Decimal:
-        return EXACT.subtract(a, b)
+        return checked(EXACT.subtract(a, b))
     return a - b
 
 
 def multiply(a: Any, b: Any) -> Any:
-    """``a × b``, exact when either is a Decimal."""
+    """``a × b``, exact when either is a Decimal (:func:`checked`; a product of two with more
+    than :data:`MAX_SCALE` digits after the point is refused too)."""
     if type(a) is Decimal or type(b) is Decimal:
-        return EXACT.multiply(a, b)
+        out = checked(EXACT.multiply(a, b))
+        exponent = out.as_tuple().exponent if type(a) is type(b) else 0
+        if type(exponent) is int and -exponent > MAX_SCALE:
+            raise NotMaintainable(f"a numeric product rounded to {MAX_SCALE} digits after "
+                                  "the point in PostgreSQL")
+        return out
     return a * b
+
+
+def checked(value: Decimal) -> Decimal:
+    """``value``, unless PostgreSQL's numeric cannot hold it (:data:`MAX_WHOLE_DIGITS`): then
+    :class:`NotMaintainable` (the caller recaptures, and PostgreSQL raises its own error
+    or, when a later row made it fit again, answers). Found by a helper's search: a maintained
+    sum of two values of 131,072 digits answered rows where PostgreSQL raises 22003."""
+    if value.is_finite() and value.adjusted() >= MAX_WHOLE_DIGITS:
+        raise NotMaintainable("a numeric beyond PostgreSQL's 131,072 digits before the point")
+    return value
 
 
 def is_finite(value: object) -> bool:
