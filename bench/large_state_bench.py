@@ -19,7 +19,6 @@ Run it from two work trees (before/after a change) for a side-by-side comparison
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -134,6 +133,7 @@ def in_process(dsn: str) -> dict[str, tuple[float, float]]:
     from bench.maintenance_bench import snapshot_conn
     from sketches import lookup
     from sketches.ivm import state as ivm_state
+    from sketches.ivm.codec import dumps
     from sketches.ivm.plan import SketchTarget, compile
     from sketches.ranges import build_partition
     from sketches.sql import analyse
@@ -158,7 +158,7 @@ def in_process(dsn: str) -> dict[str, tuple[float, float]]:
     pipeline = compile(analysis, (target,))
     with snapshot_conn(dsn) as c:
         phase("build", lambda: pipeline.build_state(c))
-        phase("snapshot", lambda: json.dumps(pipeline.snapshot()) and None)
+        phase("snapshot", lambda: dumps(pipeline.snapshot()) and None)
         phase("save", lambda: ivm_state.save(c, "bench", pipeline))
         c.commit()
         again = compile(analysis, (target,))

@@ -7,6 +7,7 @@ object tagging its type, so a round trip returns equal values of the same Python
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -90,3 +91,35 @@ def encode_zset(z: ZSet) -> Json:
 
 def decode_zset(data: Json) -> ZSet:
     return ZSet((decode_row(r), decode_ann(a), int(w)) for r, a, w in data)
+
+
+DUMP_SLICE = 2_000
+"""Elements of a long list encoded per ``json.dumps`` call by :func:`dumps`."""
+
+
+def dumps(value: Json, slice_len: int = DUMP_SLICE) -> str:
+    """``json.dumps(value)``, the same text, with every list longer than ``slice_len`` (in
+    dicts, at any depth) encoded ``slice_len`` elements per call. Why: one call encoding a
+    large state — a million groups, 1–2 s — holds the interpreter throughout, and the proxy's
+    relay waited for it (``bench/results/large-state-s27``: its longest stalls were the
+    save's and the reload's JSON); between the calls other threads run."""
+    parts: list[str] = []
+    _dump(value, slice_len, parts)
+    return "".join(parts)
+
+
+def _dump(value: Json, slice_len: int, out: list[str]) -> None:
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(f"{', ' if i else ''}{json.dumps(k)}: ")
+            _dump(v, slice_len, out)
+        out.append("}")
+    elif isinstance(value, list | tuple) and len(value) > slice_len:
+        out.append("[")
+        for start in range(0, len(value), slice_len):
+            text = json.dumps(value[start:start + slice_len])
+            out.append(f"{', ' if start else ''}{text[1:-1]}")
+        out.append("]")
+    else:
+        out.append(json.dumps(value))

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from sketches.ivm import collector
-from sketches.ivm.codec import Json
+from sketches.ivm.codec import Json, dumps
 from sketches.ivm.errors import StateFormatError
 from sketches.ivm.pipeline import Head, Pipeline
 
@@ -43,7 +43,7 @@ def write(conn: psycopg.Connection[Any], key: str, snap: dict[str, Json]) -> Non
             " ON CONFLICT (sketch_key) DO UPDATE SET version = EXCLUDED.version,"
             " epochs = EXCLUDED.epochs, state = EXCLUDED.state, updated_at = now()",
             (key, snap["version"], Jsonb(dict(zip(map(str, relids), epochs, strict=True))),
-             Jsonb(snap)))
+             Jsonb(snap, dumps=dumps)))
     if log.isEnabledFor(logging.DEBUG):   # the whole state encoded again: seconds when large
         log.debug("saved state %s at %s (%d bytes)", key, snap["version"],
                   len(json.dumps(snap)))
