@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from sketches import deltas, incremental, lookup, pipelined
+from sketches.ivm import collector
 from sketches.ivm.errors import IvmError
 from sketches.maintained import ENGINE_BUGS, SAVE_BACKOFF, names_refused
 from sketches.service import ServiceConnection
@@ -230,25 +231,27 @@ class Background(threading.Thread):
             pending = None
             due = time.monotonic() - entry.saved_at >= SAVE_BACKOFF * entry.save_seconds
             started = time.perf_counter()
-            with tmpl.lock:
-                pipeline = entry.pipeline
-                if pipeline is None or pipeline.version is None or pipeline.broken:
-                    continue
-                if not m.kept_by_engine(entry):   # e.g. IMP SET strategy = recapture, globally
-                    m.give_up_state(entry)
-                    continue
-                if entry.dirty and m.settings.persist and due:
-                    if m.worth_saving(conn, entry):
-                        pending = m.state_to_save(entry)
-                    else:  # checked once per move of its version, not every round
-                        entry.dirty = False
-                for rel in pipeline.relids:
-                    live.setdefault(rel, []).append(pipeline.version)
-            if pending is not None:   # written with the template's queries going on
-                with conn.transaction():
-                    m.write_state(conn, *pending)
-                entry.save_seconds = time.perf_counter() - started
-                entry.saved_at = time.monotonic()
+            with collector.paused():   # the state's snapshot is freed before it ends
+                with tmpl.lock:
+                    pipeline = entry.pipeline
+                    if pipeline is None or pipeline.version is None or pipeline.broken:
+                        continue
+                    if not m.kept_by_engine(entry):   # e.g. IMP SET strategy = recapture
+                        m.give_up_state(entry)
+                        continue
+                    if entry.dirty and m.settings.persist and due:
+                        if m.worth_saving(conn, entry):
+                            pending = m.state_to_save(entry)
+                        else:  # checked once per move of its version, not every round
+                            entry.dirty = False
+                    for rel in pipeline.relids:
+                        live.setdefault(rel, []).append(pipeline.version)
+                if pending is not None:   # written with the template's queries going on
+                    with conn.transaction():
+                        m.write_state(conn, *pending)
+                    pending = None
+                    entry.save_seconds = time.perf_counter() - started
+                    entry.saved_at = time.monotonic()
         m.delete_given_up(conn)
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")

@@ -27,6 +27,7 @@ from sketches import deltas, incremental, lookup
 from sketches.backends.base import BackendError
 from sketches.capture import CaptureTarget
 from sketches.errors import CaptureError
+from sketches.ivm import collector
 from sketches.ivm import state as ivm_state
 from sketches.ivm.codec import Json
 from sketches.ivm.errors import IvmError, NotMaintainable, PipelineBroken, StateTooLarge
@@ -467,7 +468,7 @@ class IncrementalMaintenance:
         built = time.perf_counter() - started
         saving = time.perf_counter()
         if self.settings.persist and sketch.id > 0:   # before anyone else can touch it
-            with conn.transaction():
+            with conn.transaction(), collector.paused():
                 self.write_state(conn, str(sketch.id), pipeline.snapshot())
         saved = time.perf_counter() - saving
         with tmpl.lock:
@@ -624,9 +625,11 @@ class IncrementalMaintenance:
 
     def _save_state(self, conn: psycopg.Connection[Any], entry: Entry) -> None:
         """Persists the entry's state in conn's transaction (the caller holds its lock)."""
-        pending = self.state_to_save(entry)
-        if pending is not None:
-            self.write_state(conn, *pending)
+        with collector.paused():
+            pending = self.state_to_save(entry)
+            if pending is not None:
+                self.write_state(conn, *pending)
+                del pending
 
     def state_to_save(self, entry: Entry) -> tuple[str, dict[str, Json]] | None:
         """The entry's key and state to persist (the caller holds its lock), marked saved;

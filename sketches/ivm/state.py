@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 def save(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline,
          head: Head | None = None) -> None:
     """Upserts the pipeline's state under ``key`` (e.g. the sketch id or template+params):
-    that of its own query, or of ``head``'s (:meth:`Pipeline.snapshot`)."""
-    write(conn, key, pipeline.snapshot(head))
+    that of its own query, or of ``head``'s (:meth:`Pipeline.snapshot`), made and freed in
+    one pause of the collector (:mod:`sketches.ivm.collector`)."""
+    with collector.paused():
+        write(conn, key, pipeline.snapshot(head))
 
 
 def write(conn: psycopg.Connection[Any], key: str, snap: dict[str, Json]) -> None:
