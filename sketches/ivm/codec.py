@@ -94,32 +94,52 @@ def decode_zset(data: Json) -> ZSet:
 
 
 DUMP_SLICE = 2_000
-"""Elements of a long list encoded per ``json.dumps`` call by :func:`dumps`."""
+"""Elements of a long list per slice (:func:`dumps`)."""
+SLICES = "__slices__"
+"""The one key of the object :func:`dumps` writes for a long list."""
 
 
 def dumps(value: Json, slice_len: int = DUMP_SLICE) -> str:
-    """``json.dumps(value)``, the same text, with every list longer than ``slice_len`` (in
-    dicts, at any depth) encoded ``slice_len`` elements per call. Why: one call encoding a
-    large state — a million groups, 1–2 s — holds the interpreter throughout, and the proxy's
-    relay waited for it (``bench/results/large-state-s27``: its longest stalls were the
-    save's and the reload's JSON); between the calls other threads run."""
+    """JSON text of ``value`` that :func:`loads` reads back, a list longer than ``slice_len``
+    that is a dict's value (at any depth of dicts) written as ``{"__slices__": [text of each
+    slice, …]}``. Why: one ``json.dumps`` or ``json.loads`` call for a large state — a
+    million groups, 1–3 s — holds the interpreter throughout, and the proxy's relay waited
+    for it (``bench/results/large-state-s27``); a slice at a time, other threads run in
+    between, writing and reading."""
     parts: list[str] = []
     _dump(value, slice_len, parts)
     return "".join(parts)
 
 
 def _dump(value: Json, slice_len: int, out: list[str]) -> None:
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        out.append("{")
-        for i, (k, v) in enumerate(value.items()):
-            out.append(f"{', ' if i else ''}{json.dumps(k)}: ")
-            _dump(v, slice_len, out)
-        out.append("}")
-    elif isinstance(value, list | tuple) and len(value) > slice_len:
-        out.append("[")
-        for start in range(0, len(value), slice_len):
-            text = json.dumps(value[start:start + slice_len])
-            out.append(f"{', ' if start else ''}{text[1:-1]}")
-        out.append("]")
-    else:
+    if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
         out.append(json.dumps(value))
+        return
+    out.append("{")
+    for i, (k, v) in enumerate(value.items()):
+        out.append(f"{', ' if i else ''}{json.dumps(k)}: ")
+        if isinstance(v, list | tuple) and len(v) > slice_len:
+            texts = [json.dumps(v[start:start + slice_len])
+                     for start in range(0, len(v), slice_len)]
+            out.append(json.dumps({SLICES: texts}))
+        else:
+            _dump(v, slice_len, out)
+    out.append("}")
+
+
+def loads(text: str | bytes) -> Json:
+    """The value :func:`dumps` wrote (or plain JSON), its sliced lists decoded a slice per
+    ``json.loads`` call."""
+    return _unslice(json.loads(text))
+
+
+def _unslice(value: Json) -> Json:
+    if not isinstance(value, dict):
+        return value
+    texts = value.get(SLICES) if len(value) == 1 else None
+    if isinstance(texts, list):
+        out: list[Json] = []
+        for text in texts:
+            out.extend(json.loads(text))
+        return out
+    return {k: _unslice(v) for k, v in value.items()}

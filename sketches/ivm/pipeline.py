@@ -64,7 +64,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+"""Of the state :meth:`Pipeline.snapshot` makes. 2: its long lists persisted in slices
+(``sketches.ivm.codec.dumps``), which a proxy reading format 1 refuses cleanly (it rebuilds
+the state); 1, the same state unsliced, is still read."""
+_READ_FORMATS = (1, 2)
 Conn = psycopg.Connection[Any]
 
 
@@ -889,7 +893,8 @@ class Pipeline:
         heads share it, whose merges it would leave behind."""
         if self.heads:
             raise StateFormatError("a state shared by several sketches is not restored")
-        if state.get("format") != FORMAT or state.get("plan") != self.spec.fingerprint():
+        if state.get("format") not in _READ_FORMATS \
+                or state.get("plan") != self.spec.fingerprint():
             raise StateFormatError("persisted state belongs to another plan or format")
         ops = self._stateful()
         if set(ops) != set(state["ops"]):

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from sketches.ivm import collector
-from sketches.ivm.codec import Json, dumps
+from sketches.ivm.codec import Json, dumps, loads
 from sketches.ivm.errors import StateFormatError
 from sketches.ivm.pipeline import Head, Pipeline
 
@@ -68,16 +68,17 @@ def load(conn: psycopg.Connection[Any], key: str, pipeline: Pipeline) -> bool:
     per sketch after every TRUNCATE or DDL under eager maintenance, whose background detaches
     an invalidated state but keeps the sketch (found by a helper's search in session 31)."""
     with collector.paused():
-        row = conn.execute("SELECT state, " + _CURRENT_EPOCHS + " FROM imp.ivm_state AS s"
+        row = conn.execute("SELECT state::text, " + _CURRENT_EPOCHS + " FROM imp.ivm_state AS s"
                            " WHERE sketch_key = %s", (key,)).fetchone()
         if row is None:
             return False
         if not row[1]:
             log.info("state %s: a table's epoch moved since it was saved: not loaded", key)
             return False
-        if not isinstance(row[0], dict):
+        state = loads(row[0])
+        if not isinstance(state, dict):
             raise StateFormatError(f"state {key} is not a JSON object")
-        pipeline.restore(row[0])
+        pipeline.restore(state)
     return True
 
 

@@ -1,4 +1,4 @@
-"""The JSON text of a persisted state, written a slice of a long list at a time."""
+"""The JSON text of a persisted state, its long lists written and read a slice at a time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sketches.ivm.codec import Json, dumps
+from sketches.ivm.codec import SLICES, Json, dumps, loads
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5),
                      st.floats(allow_nan=False, allow_infinity=False))
@@ -20,8 +20,17 @@ _JSON: st.SearchStrategy[Json] = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(_JSON, st.integers(1, 5))
-def test_the_text_is_json_dumps_text(value: Json, slice_len: int) -> None:
-    """Same text as one ``json.dumps`` call (a dict with a key that is no string included:
-    encoded whole), whatever the slice length."""
-    assert dumps(value, slice_len) == json.dumps(value)
+def test_what_is_written_reads_back_as_json_would(value: Json, slice_len: int) -> None:
+    """The value ``json.dumps`` and ``json.loads`` would give back (tuples as lists, keys as
+    strings), whatever the slice length; plain JSON reads as ``json.loads`` reads it."""
+    text = dumps(value, slice_len)
+    assert loads(text) == json.loads(json.dumps(value))
+    assert loads(json.dumps(value)) == json.loads(json.dumps(value))
 
+
+def test_a_long_list_under_a_dict_is_written_in_slices() -> None:
+    groups = [[[i], 1, [[[i, 1]]]] for i in range(5)]
+    written = json.loads(dumps({"ops": {"aggregate": {"groups": groups, "n": [1, 2]}}}, 2))
+    assert written["ops"]["aggregate"]["n"] == [1, 2]
+    assert [json.loads(t) for t in written["ops"]["aggregate"]["groups"][SLICES]] == [
+        groups[0:2], groups[2:4], groups[4:]]
