@@ -196,3 +196,37 @@ def test_min_max_and_top_k_refuse_a_nan(nan: object) -> None:
     top.step(ZSet([((Decimal(3),), (frozenset({0}),), 1)]))
     with pytest.raises(NotMaintainable):
         top.step(ZSet([((nan,), (frozenset({1}),), 1)]))
+
+
+_EDGES = [("10::numeric ^ 131071 * 9", "10::numeric ^ 131071"),          # 131,072 digits
+          ("10::numeric ^ 131071 * 5", "10::numeric ^ 131071 * 5"),      # exactly 10^131072
+          ("10::numeric ^ 131071 * 5", "10::numeric ^ 131071 * 4.9"),
+          ("-(10::numeric ^ 131071) * 9", "-(10::numeric ^ 131071) * 2"),
+          ("1e-8000", "1e-8383"), ("1e-8000", "1e-8384"), ("1.5", "1e-16382")]
+
+
+@pytest.mark.parametrize(("left", "right"), _EDGES)
+@pytest.mark.parametrize("op", ["+", "-", "*"])
+def test_results_beyond_numerics_limits_are_refused_where_postgresql_raises_or_rounds(
+        admin_dsn: str, left: str, right: str, op: str) -> None:
+    """PostgreSQL's numeric holds 131,072 digits before the point (beyond: 22003) and
+    rounds a product to 16,383 after it. Python gives PostgreSQL's value and scale where it
+    neither raises nor rounds, and refuses (the caller recaptures) where it raises, and
+    for every product beyond 16,383 places."""
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        a, b = c.execute(f"SELECT ({left})::text, ({right})::text").fetchone()  # type: ignore[misc]
+        try:
+            row = c.execute(f"SELECT (({left}) {op} ({right}))::text").fetchone()
+            expected: str | None = None if row is None else row[0]
+        except psycopg.errors.NumericValueOutOfRange:
+            expected = None
+    f = {"+": numeric.add, "-": numeric.subtract, "*": numeric.multiply}[op]
+    exact = numeric.EXACT.multiply(Decimal(a), Decimal(b))
+    if expected is None or (op == "*" and -exact.as_tuple().exponent > numeric.MAX_SCALE):  # type: ignore[operator]
+        with pytest.raises(NotMaintainable):
+            f(Decimal(a), Decimal(b))
+    else:   # the same value at the same scale (Python prints it otherwise)
+        got, want = f(Decimal(a), Decimal(b)), Decimal(expected)
+        assert got == want and got.as_tuple().exponent == want.as_tuple().exponent
