@@ -197,13 +197,19 @@ def test_a_condition_postgresql_evaluates_before_the_written_one_raises(
                 "(g, b) SELECT CASE WHEN i > 2000 THEN 3 ELSE i % 35 END, i % 7"
                 " FROM generate_series(1, 2030) i")
     sql = f"SELECT g, count(*) FROM {table} GROUP BY g {having}"  # noqa: S608
+    original = _captured_then_written(conn, sql, f"INSERT INTO {table} (g, b) VALUES {bad}")
+    assert original[0] == "error" and original[1][0] == "22003"  # type: ignore[index]
+
+
+def _captured_then_written(conn: Conn, sql: str, write: str) -> Outcome:
+    """The original's outcome after ``write``, ``sql`` captured before it and prepared
+    again after it (``agree`` compares the instrumented query's outcome each time)."""
     m = SketchManager(_settings(False))
     try:
         p, original = agree(m, conn, sql)
         assert p is not None and p.decision == "capture" and original[0] == "rows", p
-        conn.execute(f"INSERT INTO {table} (g, b) VALUES {bad}")  # noqa: S608
-        _p, original = agree(m, conn, sql)
-        assert original[0] == "error" and original[1][0] == "22003"  # type: ignore[index]
+        conn.execute(write)
+        return agree(m, conn, sql)[1]
     finally:
         m.close()
 
@@ -240,19 +246,12 @@ def test_unconstrained_numerics_at_postgresqls_limits(conn: Conn, case: str) -> 
     table = "el_" + str(list(NUMERIC_LIMITS).index(case))
     fresh_table(conn, table, "id int, g int, a numeric",
                 "SELECT i, i % 30, i % 7 + 1 FROM generate_series(1, 2000) i")
-    sql = query.format(t=table)
-    m = SketchManager(_settings(False))
-    try:
-        p, original = agree(m, conn, sql)
-        assert p is not None and p.decision == "capture" and original[0] == "rows", p
-        conn.execute(f"INSERT INTO {table} VALUES {bad}")  # noqa: S608
-        _p, original = agree(m, conn, sql)
-        if sqlstate is None:
-            assert original[0] == "rows" and (45, 1) in original[1], original  # type: ignore[operator]
-        else:
-            assert original[0] == "error" and original[1][0] == sqlstate  # type: ignore[index]
-    finally:
-        m.close()
+    original = _captured_then_written(conn, query.format(t=table),
+                                      f"INSERT INTO {table} VALUES {bad}")  # noqa: S608
+    if sqlstate is None:
+        assert original[0] == "rows" and (45, 1) in original[1], original  # type: ignore[operator]
+    else:
+        assert original[0] == "error" and original[1][0] == sqlstate  # type: ignore[index]
 
 
 @pytest.mark.parametrize(("column", "alter", "aggregate", "bad"), [
