@@ -128,7 +128,7 @@ def compile_checked(conn: Conn, analysis: QueryAnalysis, targets: Sequence[Sketc
     outside :data:`ENGINE_TYPES`."""
     pipeline = compile(analysis, targets, params)
     spec = pipeline.spec
-    _refuse_untracked(conn, [t.relation for t in spec.tables])
+    _refuse_untracked(conn, [t.source for t in spec.tables])
     arith = _arith_types(conn, spec, params)
     args = [(f.func, a) for f, a in zip(spec.aggs, spec.agg_sql, strict=True) if a is not None]
     exprs = [*(a for _f, a in args), *spec.group_sql, *(p for t in spec.tables for p in t.payload)]
@@ -264,7 +264,7 @@ def _types(conn: Conn, tables: Sequence[TableSpec], exprs: Sequence[str],
 
 def _aliased(tables: Sequence[TableSpec]) -> list[sql.Composable]:
     """``relation AS alias`` of each table, as the pipeline's SQL names them."""
-    return [sql.SQL("{} AS {}").format(sql.SQL(t.relation), sql.Identifier(t.alias))
+    return [sql.SQL("{} AS {}").format(sql.SQL(t.source), sql.Identifier(t.alias))
             for t in tables]
 
 
@@ -344,7 +344,7 @@ def stored_version(conn: Conn, key: str) -> str | None:
 
 
 def relations(pipeline: Pipeline) -> list[str]:
-    return [t.relation for t in pipeline.spec.tables]
+    return [t.source for t in pipeline.spec.tables]
 
 
 def tracked(conn: Conn, pipeline: Pipeline) -> bool:

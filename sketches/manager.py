@@ -1128,7 +1128,7 @@ class SketchManager(IncrementalMaintenance):
 
     def _targets(self, conn: psycopg.Connection[Any], analysis: QueryAnalysis,
                  safety: Safety) -> list[CaptureTarget]:
-        resolved = {i: lookup.resolve_table(conn, t.schema, t.name)
+        resolved = {i: lookup.resolve_table(conn, t.qualifier, t.name)
                     for i, t in enumerate(analysis.tables)}
         safe = _exact(conn, analysis, safety.safe, resolved)
         targets = []

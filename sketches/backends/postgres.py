@@ -66,8 +66,8 @@ def resolve_schemas(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
         if t.index in known:
             out.append(known[t.index])
             continue
-        if t.schema is not None:
-            out.append(t.schema)
+        if t.qualifier is not None:
+            out.append(t.qualifier)
             continue
         row = conn.execute(
             "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"

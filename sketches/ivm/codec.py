@@ -96,16 +96,18 @@ def decode_zset(data: Json) -> ZSet:
 DUMP_SLICE = 2_000
 """Elements of a long list per slice (:func:`dumps`)."""
 SLICES = "__slices__"
-"""The one key of the object :func:`dumps` writes for a long list."""
+LENGTH = "__len__"
+"""The two keys of the object :func:`dumps` writes for a long list: its slices' texts and
+its length (a slice lost or cut short is refused when read)."""
 
 
 def dumps(value: Json, slice_len: int = DUMP_SLICE) -> str:
     """JSON text of ``value`` that :func:`loads` reads back, a list longer than ``slice_len``
     that is a dict's value (at any depth of dicts) written as ``{"__slices__": [text of each
-    slice, …]}``. Why: one ``json.dumps`` or ``json.loads`` call for a large state — a
-    million groups, 1–3 s — holds the interpreter throughout, and the proxy's relay waited
-    for it (``bench/results/large-state-s27``); a slice at a time, other threads run in
-    between, writing and reading."""
+    slice, …], "__len__": its length}``. Why: one ``json.dumps`` or ``json.loads`` call for
+    a large state — a million groups, 1–3 s — holds the interpreter throughout, and the
+    proxy's relay waited for it (``bench/results/large-state-s27``); a slice at a time,
+    other threads run in between, writing and reading."""
     parts: list[str] = []
     _dump(value, slice_len, parts)
     return "".join(parts)
@@ -121,7 +123,7 @@ def _dump(value: Json, slice_len: int, out: list[str]) -> None:
         if isinstance(v, list | tuple) and len(v) > slice_len:
             texts = [json.dumps(v[start:start + slice_len])
                      for start in range(0, len(v), slice_len)]
-            out.append(json.dumps({SLICES: texts}))
+            out.append(json.dumps({SLICES: texts, LENGTH: len(v)}))
         else:
             _dump(v, slice_len, out)
     out.append("}")
@@ -129,17 +131,33 @@ def _dump(value: Json, slice_len: int, out: list[str]) -> None:
 
 def loads(text: str | bytes) -> Json:
     """The value :func:`dumps` wrote (or plain JSON), its sliced lists decoded a slice per
-    ``json.loads`` call."""
-    return _unslice(json.loads(text))
+    ``json.loads`` call; :class:`StateFormatError` for text that is not such JSON (a state
+    edited by hand: the caller builds it anew)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StateFormatError(f"persisted state is no JSON: {exc}") from exc
+    return _unslice(value)
 
 
 def _unslice(value: Json) -> Json:
     if not isinstance(value, dict):
         return value
-    texts = value.get(SLICES) if len(value) == 1 else None
-    if isinstance(texts, list):
-        out: list[Json] = []
-        for text in texts:
-            out.extend(json.loads(text))
-        return out
-    return {k: _unslice(v) for k, v in value.items()}
+    if SLICES not in value:
+        return {k: _unslice(v) for k, v in value.items()}
+    texts, length = value[SLICES], value.get(LENGTH)
+    if set(value) != {SLICES, LENGTH} or not isinstance(texts, list) or type(length) is not int:
+        raise StateFormatError("a sliced list of a persisted state is malformed")
+    out: list[Json] = []
+    for text in texts:
+        try:
+            part = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise StateFormatError(f"a slice of a persisted state is no JSON: {exc}") from exc
+        if not isinstance(part, list):
+            raise StateFormatError("a slice of a persisted state is no list")
+        out.extend(part)
+    if len(out) != length:
+        raise StateFormatError(f"a sliced list of a persisted state holds {len(out)} "
+                               f"elements, not {length}")
+    return out

@@ -147,7 +147,7 @@ def summed_types(conn: Conn, spec: PlanSpec) -> dict[int, tuple[int, int | None]
         return {}
     args = sql.SQL(", ").join(sql.SQL(spec.agg_sql[i] or "NULL") for i in summed)
     tables = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
-        sql.SQL(t.relation), sql.Identifier(t.alias)) for t in spec.tables)
+        sql.SQL(t.source), sql.Identifier(t.alias)) for t in spec.tables)
     cur = conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(args, tables))
     return {i: (col.type_code, col.scale)
             for i, col in zip(summed, cur.description or [], strict=True)}
@@ -295,7 +295,7 @@ def _term(conn: Conn, spec: PlanSpec, infos: Sequence[deltas.TableInfo],
             if len(spec.tables) > 1:
                 conds.append(_has_delta(conn, t, info))
         else:
-            source = _text(t.relation)
+            source = _text(t.source)
         items.append(sql.SQL("{} AS {}").format(source, alias))
         conds += [sql.SQL("({})").format(_text(w)) for w in t.where]
     conds += [sql.SQL("{} = {}").format(_text(x), _text(y)) for _a, x, _b, y in spec.equalities]

@@ -264,7 +264,7 @@ class Pipeline:
                     extra: Sequence[sql.Composable] = ()) -> sql.Composable:
         tables = [self.spec.tables[p] for p in positions]
         items = sql.SQL(", ").join(
-            sql.SQL("{} AS {}").format(_raw(t.relation), sql.Identifier(t.alias)) for t in tables)
+            sql.SQL("{} AS {}").format(_raw(t.source), sql.Identifier(t.alias)) for t in tables)
         # each conjunct parenthesised: "a OR b" joined bare became "a OR (b AND r.x = s.y)"
         conds: list[sql.Composable] = [_cond(w) for t in tables for w in t.where]
         conds += [sql.SQL("{} = {}").format(_raw(x), _raw(y))
@@ -322,7 +322,7 @@ class Pipeline:
     def track(self, conn: Conn) -> None:
         """``imp.track_table`` for every table; commit before the snapshot of build_state."""
         for t in self.spec.tables:
-            deltas.ensure_tracked(conn, t.relation)
+            deltas.ensure_tracked(conn, t.source)
 
     def build_state(self, conn: Conn,
                     seed: AggregateState | None = None) -> tuple[frozenset[int], ...]:
@@ -339,7 +339,7 @@ class Pipeline:
     def _build_state(self, conn: Conn,
                      seed: AggregateState | None) -> tuple[frozenset[int], ...]:
         version = deltas.require_snapshot(conn)
-        infos = [deltas.table_info(conn, t.relation) for t in self.spec.tables]
+        infos = [deltas.table_info(conn, t.source) for t in self.spec.tables]
         seed = self._usable_seed(seed, version)
         self._reset()
         self.built_rows = 0

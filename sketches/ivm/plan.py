@@ -105,6 +105,10 @@ class TableSpec:
     where: tuple[str, ...]
     slot: int | None
     fragment: str | None
+    source: str = field(default="", repr=False)
+    """The table as the library's SQL names it: ``relation`` (as the query wrote it, in the
+    plan's fingerprint) qualified with the schema the sketch resolved it to
+    (``TableRef.resolved``), which a persisted state's fingerprint does not depend on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,8 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
     for pos, t in enumerate(b.order):
         ref = analysis.tables[t]
         relation = sql.Identifier(*([ref.schema] if ref.schema else []), ref.name).as_string(None)
+        source = sql.Identifier(*([ref.qualifier] if ref.qualifier else []),
+                                ref.name).as_string(None)
         slot_target = b.targets.get(t)
         frag = None
         if slot_target is not None:
@@ -306,7 +312,7 @@ def plan(analysis: QueryAnalysis, targets: Sequence[SketchTarget],
                 sql.Identifier(ref.alias, target.column)).as_string(None)
         tables.append(TableSpec(t, relation, ref.alias, tuple(b.payload[pos]),
                                 tuple(where[pos]), slot_target[0] if slot_target else None,
-                                frag))
+                                frag, source))
     return PlanSpec(tuple(tables), joins, tuple(equalities), len(targets), kind,
                     options=options, **extra)  # type: ignore[arg-type]
 

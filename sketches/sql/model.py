@@ -39,6 +39,14 @@ class TableRef:
     name: str
     alias: str
     scope: int
+    resolved: str | None = None
+    """Of a table written without a schema, the one its sketch's texts name it in
+    (:meth:`QueryAnalysis.with_schemas`); None: resolved through ``search_path``."""
+
+    @property
+    def qualifier(self) -> str | None:
+        """The schema the library's texts name the table in: as written, else resolved."""
+        return self.schema if self.schema is not None else self.resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +181,15 @@ class QueryAnalysis:
 
     def with_schemas(self, schemas: Iterable[tuple[int, str, str]]) -> QueryAnalysis:
         """This analysis with each table of ``schemas`` (``(scope, alias, schema)``) written
-        without a schema given that one. Why: the texts made from it (capture, state build,
-        delta reads) then name the relations their caller resolved and locked, whatever the
-        search_path finds when they are parsed — a same-named table created earlier on it
-        in between would be read in the older snapshot, empty."""
+        without a schema resolved to that one (``TableRef.resolved``; its ``schema`` stays
+        as written, and so does the plan fingerprint of a state persisted before). Why: the
+        texts made from it (capture, state build, delta reads) then name the relations their
+        caller resolved and locked, whatever the search_path finds when they are parsed — a
+        same-named table created earlier on it in between would be read in the older
+        snapshot, empty."""
         wanted = {(scope, alias): schema for scope, alias, schema in schemas}
         tables = tuple(
-            dataclasses.replace(t, schema=wanted[(t.scope, t.alias)])
+            dataclasses.replace(t, resolved=wanted[(t.scope, t.alias)])
             if t.schema is None and (t.scope, t.alias) in wanted else t
             for t in self.tables)
         return self if tables == self.tables else dataclasses.replace(self, tables=tables)

@@ -318,13 +318,13 @@ def capture_statement(sql: str, analysis: QueryAnalysis,
     table and passed up through FROM subqueries); ``LIMIT k`` becomes ``FETCH FIRST k ROWS
     WITH TIES`` so every row tied with the k-th one counts (see ``sketches.safety``). The
     outer query aggregates the ids of the materialised result inside PostgreSQL. A table
-    written without a schema is qualified with its schema in ``analysis``, if it has one
+    written without a schema is qualified with the one ``analysis`` resolved it to, if any
     (``QueryAnalysis.with_schemas``).
     """
     stmt = parse_select(sql)
     selects = scopes(stmt)
-    _qualify(selects, tuple((t.scope, t.alias, t.schema) for t in analysis.tables
-                            if t.schema is not None))
+    _qualify(selects, tuple((t.scope, t.alias, t.resolved) for t in analysis.tables
+                            if t.resolved is not None))
     for i, t in enumerate(targets):
         name = f"{FRAGMENT_COLUMN}{i}"
         scope = t.scope

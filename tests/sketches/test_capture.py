@@ -68,8 +68,9 @@ def test_tables_are_named_in_the_schemas_of_the_analysis(conn: psycopg.Connectio
     a, ts = targets(conn, sql, {"ct": "g", "cd": "k"})
     plain = capture(conn, sql, a, ts)
     pinned = a.with_schemas([(t.scope, t.alias, "public") for t in a.tables])
-    assert [t.schema for t in a.tables] == [None, "public"]
-    assert [t.schema for t in pinned.tables] == ["public", "public"]
+    assert [t.qualifier for t in a.tables] == [None, "public"]
+    assert [t.schema for t in pinned.tables] == [None, "public"]   # as written
+    assert [t.qualifier for t in pinned.tables] == ["public", "public"]
     assert "FROM public.ct INNER JOIN public.cd" in capture_sql(sql, pinned, ts)
     assert "FROM ct INNER JOIN public.cd" in capture_sql(sql, a, ts)
     assert capture(conn, sql, pinned, ts).parts == plain.parts
