@@ -192,6 +192,13 @@ class Template:
     lock: threading.Lock = field(default_factory=threading.Lock)
     seen: int = 0
     loaded: bool = False
+    """The catalog holds no sketch of the template this process has not loaded (after a drop
+    of them all)."""
+    loaded_on: set[tuple[int, ...]] = field(default_factory=set)
+    """The relations (``lookup.Relations.oids``) the catalog's sketches captured on were
+    loaded for. Why per relations: the same text names other tables under another search
+    path, and the catalog keeps the sketches of each; loading once per template restored only
+    the first path's after a restart, and the others were captured again."""
     too_large: int = 0
     """The ``max_state_rows`` under which a state build of the template gave up (0: none):
     no build is tried again under that limit or a lower one."""

@@ -698,7 +698,7 @@ class SketchManager(IncrementalMaintenance):
                     return self._passthrough(denied)
                 checked = True
             self._ensure_catalog(conn)
-            if not tmpl.loaded:
+            if not tmpl.loaded and relations.oids not in tmpl.loaded_on:
                 self._load(conn, template, tmpl, relations)
         else:   # no catalog of ours, but tracked tables and audit tables may be restored ones
             self._claim_or_defer(conn)
@@ -1351,16 +1351,17 @@ class SketchManager(IncrementalMaintenance):
 
     def _load(self, conn: psycopg.Connection[Any], template: str, tmpl: _Template,
               relations: lookup.Relations) -> None:
-        """The catalog's sketches of ``template`` that were captured on ``relations``; the
-        others are left to be captured again."""
+        """The catalog's sketches of ``template`` that were captured on ``relations`` and are
+        not held yet; the others are loaded when a query reads their relations."""
         loaded: list[_Entry] = []
+        held = {e.sketch.id for e in tmpl.entries}
         others, seen = catalog.other_settings(conn, template), time.time()
         with self._lock:
             evicted = set(self._evicted)
             for sid in others:
                 self._other_settings.setdefault(sid, seen)
         for stored in catalog.load_sketches(conn, template):
-            if stored.id in evicted:   # evicted, not yet invalidated
+            if stored.id in evicted or stored.id in held:   # evicted, not yet invalidated
                 continue
             try:
                 stored_analysis = analyse(stored.query, lookup.resolver(conn))
@@ -1397,7 +1398,7 @@ class SketchManager(IncrementalMaintenance):
             self._count("evicted", len(surplus))
             self._ensure_background()
         tmpl.entries.extend(loaded[:room])
-        tmpl.loaded = True
+        tmpl.loaded_on.add(relations.oids)
 
     def _forget(self, tmpl: _Template, entry: _Entry) -> None:
         """A sketch that can no longer be refreshed, forgotten as an eviction is
@@ -1521,6 +1522,7 @@ class SketchManager(IncrementalMaintenance):
             for t in self._templates.values():
                 t.entries.clear()
                 t.loaded = loaded
+                t.loaded_on.clear()
         self._detach_all(dropped)
         return len(dropped)
 

@@ -341,6 +341,44 @@ def test_persisted_sketch_is_loaded_by_a_new_manager(svc: psycopg.Connection[Any
     assert q.instrumented_sql == p.instrumented_sql
 
 
+def test_a_new_manager_loads_the_sketches_of_every_search_path(
+        svc: psycopg.Connection[Any]) -> None:
+    """One text naming a table in each of two schemas has a sketch of each. A new manager
+    (a restarted proxy) loaded only those of the search path it met first and captured the
+    other's again: a template's catalog sketches are loaded per set of relations."""
+    svc.execute("DROP SCHEMA IF EXISTS lp1, lp2 CASCADE")
+    for schema, offset in (("lp1", 0), ("lp2", 7)):
+        svc.execute(f"CREATE SCHEMA {schema}")
+        svc.execute(f"CREATE TABLE {schema}.mp WITH (autovacuum_enabled = false) AS"
+                    f" SELECT i AS id, (i + {offset}) % 50 AS g FROM generate_series(1, 2000) i"
+                    f" WHERE (i + {offset}) % 50 < 10 OR i % 3 = 0")
+    text = "SELECT g, count(*) FROM mp GROUP BY g HAVING count(*) > $1"
+
+    def run(m: SketchManager, schema: str) -> Prepared:
+        svc.execute(f"SET search_path = {schema}")
+        try:
+            return prepare(m, svc, text, [30])
+        finally:
+            svc.execute("RESET search_path")
+
+    first = SketchManager(SketchSettings(fragments=10))
+    captured = {s: run(first, s) for s in ("lp1", "lp2")}
+    assert all(p.decision == "capture" for p in captured.values())
+    assert captured["lp1"].sketch_id != captured["lp2"].sketch_id
+    second = SketchManager(SketchSettings(fragments=10))
+    for schema in ("lp1", "lp2"):
+        again = run(second, schema)
+        assert again.decision == "use", (schema, again.reason)
+        assert again.sketch_id == captured[schema].sketch_id
+        assert again.instrumented_sql is not None
+        svc.execute(f"SET search_path = {schema}")
+        try:
+            assert rows(svc, again.instrumented_sql, [30]) == rows(svc, text, [30])
+        finally:
+            svc.execute("RESET search_path")
+    assert second.stats().get("captures", 0) == 0
+
+
 def test_maintenance_hook_result_is_used(svc: psycopg.Connection[Any]) -> None:
     calls: list[int] = []
 
