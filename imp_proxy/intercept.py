@@ -88,12 +88,14 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
 # Read before anything of the proxy's own can fail on the client's backend: exit_on_error
 # makes every ERROR there FATAL (found: the wrapping's LOCK … NOWAIT, failing behind another
 # session's lock, ended a session that PostgreSQL kept waiting for the lock). It stays off
-# for the rest of the proxy's transaction, whose ROLLBACK restores it. Qualified: the client's
-# search_path could resolve a name to a function of its own (found by a regression search).
-GUARD_SETTINGS = ("SELECT pg_catalog.current_setting('exit_on_error')"
-                  " OPERATOR(pg_catalog.=) 'on', pg_catalog.current_setting('backslash_quote')"
-                  " OPERATOR(pg_catalog.=) 'off', pg_catalog.set_config('exit_on_error', 'off',"
-                  " true)")
+# for the rest of the proxy's transaction, whose ROLLBACK restores it. SHOW and SET, not a
+# SELECT: they take no snapshot, so the LOCK after them still comes before the transaction's
+# snapshot (found by a helper's search: a SELECT here fixed the snapshot first, and a TRUNCATE
+# and refill committed before the LOCK was granted left the query an empty table — rows no
+# order of the two gives). They also call no function the client's search_path could
+# resolve to one of its own.
+GUARD_SETTINGS = ("SHOW exit_on_error", "SHOW backslash_quote",
+                  "SET LOCAL exit_on_error = off")
 EXIT_ON_ERROR = ("the session's exit_on_error is on: any error of the proxy's own statements "
                  "would end the session")
 BACKSLASH_QUOTE = ("the session's backslash_quote is off and the query holds \\' (an error in "
@@ -398,7 +400,7 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     refused = await s.router.refused(s.dbname)
     if refused is not None:
         raise Fallback(refused)
-    begin = (BEGIN_SNAPSHOT[0], GUARD_SETTINGS, *(() if lock is None else (lock,)),
+    begin = (BEGIN_SNAPSHOT[0], *GUARD_SETTINGS, *(() if lock is None else (lock,)),
              BEGIN_SNAPSHOT[1])
     payload = (_DROP_UNNAMED if drop_unnamed else b"") + _LEFTOVERS + _own(*begin)
     if bind is not None:
@@ -406,10 +408,11 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     replies = await s.exchange_with_upstream(payload + codec.encode_sync(), 1)
     err = _first_error(replies)
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
-    guards = rows.pop(0).values if rows else None
-    if guards is not None and (guards[0] == b"t" or (guards[1] == b"t" and "\\'" in sql)):
+    shown = [r.values[0] for r in rows[:2]]
+    del rows[:2]
+    if len(shown) == 2 and (shown[0] == b"on" or (shown[1] == b"off" and "\\'" in sql)):
         await _rollback(s)
-        raise Fallback(EXIT_ON_ERROR if guards[0] == b"t" else BACKSLASH_QUOTE)
+        raise Fallback(EXIT_ON_ERROR if shown[0] == b"on" else BACKSLASH_QUOTE)
     if err is not None or not rows or rows[0].values[0] is None:
         await _rollback(s)
         if any(t == ERROR_RESPONSE and codec.decode_error_fields(m).fields.get("C")

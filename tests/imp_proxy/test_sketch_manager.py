@@ -19,6 +19,7 @@ from psycopg.types.numeric import Float4, Int4
 import pg_extensions
 
 from .conftest import ProxyProcess, StartProxy, via_proxy
+from .forwarder import PausingForwarder
 
 pytest.importorskip("sketches.manager")
 
@@ -466,6 +467,60 @@ def test_an_exit_on_error_session_with_its_own_current_setting_gets_its_rows(
         for _ in range(3):
             _same_rows_as(c, d, HAVING)
         assert c.execute("SELECT 1").fetchone() == (1,)
+
+
+def _wait_for(conn: psycopg.Connection[Any], check: str) -> None:
+    deadline = time.monotonic() + 30
+    while conn.execute(check).fetchone() != (True,):
+        assert time.monotonic() < deadline, check
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_a_table_truncated_and_refilled_before_the_wrappings_lock_is_read_after_it(
+        admin_dsn: str, start_proxy: StartProxy, fresh_db: Callable[[], str],
+        prepare: bool) -> None:
+    """The wrapping's LOCK goes before its snapshot: a TRUNCATE (not MVCC-safe) committed
+    before the lock is granted must be in the snapshot. The statement that turned
+    exit_on_error off was a SELECT ahead of the LOCK, which fixed the REPEATABLE READ
+    snapshot first: a TRUNCATE and refill committed in between left the query an empty table
+    (found by a helper's search: 0 rows, where PostgreSQL answers either state's). A
+    forwarder holds the proxy's stream just before the LOCK's Parse, and once the client's
+    backend has run what came before it, a peer commits."""
+    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    fwd = PausingForwarder(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
+                           (b"LOCK TABLE", b"NOWAIT"))
+    try:
+        up = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=fwd.port)
+        proxy = start_proxy(upstream=up, hook="sketches.manager:SketchManager")
+        dsn = fresh_db()
+        with psycopg.connect(dsn, autocommit=True) as d:
+            d.execute("CREATE TABLE tr (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+            d.execute("INSERT INTO tr SELECT i, i % 50, (i * 37) % 1000 FROM"
+                      " generate_series(1, 5000) i ORDER BY i % 50")
+            d.execute("INSERT INTO tr SELECT 10000 + i, 7, 900 FROM generate_series(1, 40) i")
+        query = "SELECT g, count(*), sum(v) FROM tr GROUP BY g HAVING sum(v) > 60000 ORDER BY g"
+        with psycopg.connect(via_proxy(dsn, proxy.port), autocommit=True) as c, \
+                psycopg.connect(dsn, autocommit=True) as d:
+            rounds_until_used(c, lambda: _same_rows_as(c, d, query))
+            before = d.execute(query).fetchall()
+            fwd.arm()
+            got: list[list[tuple[Any, ...]]] = []
+            reader = threading.Thread(
+                target=lambda: got.append(c.execute(query, prepare=prepare).fetchall()))
+            reader.start()
+            assert fwd.paused.wait(30), "the wrapping sent no LOCK"
+            _wait_for(d, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE xact_start IS NOT"
+                      " NULL AND pid <> pg_backend_pid() AND query LIKE '%exit_on_error%')")
+            with d.transaction():
+                d.execute("TRUNCATE tr")
+                d.execute("INSERT INTO tr SELECT i, i % 5, 100000 FROM generate_series(1, 10) i")
+            after = d.execute(query).fetchall()
+            fwd.release()
+            reader.join(30)
+            assert before != after and got in ([before], [after]), (before, after, got)
+    finally:
+        fwd.close()
 
 
 def test_an_escaped_quote_refused_by_backslash_quote_is_refused_through_the_proxy(
