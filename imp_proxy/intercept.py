@@ -455,7 +455,7 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
                                              started=started, explain=explain,
                                              snapshot_text=snapshot_text, settings=settings,
                                              cancel=s.new_service_cancel,
-                                             lock_timeout=lock_timeout, role=role)
+                                             lock_timeout=lock_timeout, role=role, lock=lock)
     except Exception as exc:  # the library or the service connection failed: pass through
         log.warning("sketch prepare failed, sending the original query: %s", exc)
         await _rollback(s)

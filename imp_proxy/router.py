@@ -150,6 +150,18 @@ def _read_unreported_and_path(schemas: list[str]) -> pgsql.Composable:
         pgsql.Literal(schemas))
 
 
+LOCK_QUEUED = ("another session's lock request on the query's tables queued behind the "
+               "wrapping's own: the proxy's connection would wait for it, and it for the "
+               "client's backend, which waits for the proxy")
+"""Why a query passes through when the service transaction cannot have its tables at once.
+Why it asks: a TRUNCATE or ALTER queued behind the ACCESS SHARE lock a wrapping holds on the
+client's backend queues every later request on the table, the service connection's read too,
+and that wait runs through the proxy, where PostgreSQL's deadlock detector cannot see it: the
+peer's DDL waited up to ``SERVICE_LOCK_WAIT`` (2 s), and one with a shorter ``lock_timeout``
+failed (found by a helper's search). Taken first, in the setup's round trip, the tables are
+held before any such request can queue in between, or the request is seen at once."""
+
+
 def _path_differs(client: str) -> PrepareOutcome:
     return PrepareOutcome("passthrough", f"the service role does not resolve names through "
                           f"the session's search_path {client!r} (it may not use a schema "
@@ -508,7 +520,8 @@ class Router:
                       settings: tuple[str, ...] | None = None,
                       started: str | None = None,
                       cancel: Callable[[], ServiceCancel] | None = None,
-                      lock_timeout: str = "0", role: str | None = None) -> PrepareOutcome:
+                      lock_timeout: str = "0", role: str | None = None,
+                      lock: str | None = None) -> PrepareOutcome:
         """``snapshot``: the exported snapshot's id; ``snapshot_text``: its
         ``pg_current_snapshot()``, with which the hook may answer from memory (its optional
         ``prepare_cached``) instead of on a service connection. ``explain``: also ask the
@@ -527,7 +540,9 @@ class Router:
         transaction takes too: a capture waiting longer for a lock fails and the client's own
         query meets the lock under its own timeout. ``role``: the client's ``current_user``,
         told to a hook that ``checks_role`` (``prepare(…, role=)``): it does no work on the
-        service role's authority (a capture) for a query that role may not run."""
+        service role's authority (a capture) for a query that role may not run. ``lock``:
+        the wrapping's ``LOCK … NOWAIT`` of the query's tables, which the service
+        transaction takes first too (see :data:`LOCK_QUEUED`)."""
         hook = self._hook_for(dbname)
         if started:
             note = getattr(hook, "server_started", None)
@@ -552,14 +567,15 @@ class Router:
         return await asyncio.to_thread(self._prepare_blocking, dbname, snapshot, search_path,
                                        sql, params, explain, snapshot_text, settings,
                                        cancel() if cancel is not None else None, lock_timeout,
-                                       role)
+                                       role, lock)
 
     def _prepare_blocking(self, dbname: str, snapshot: str, search_path: str | None, sql: str,
                           params: Sequence[object] | None, explain: bool = False,
                           snapshot_text: str | None = None,
                           settings: tuple[str, ...] | None = None,
                           cancel: ServiceCancel | None = None,
-                          lock_timeout: str = "0", role: str | None = None) -> PrepareOutcome:
+                          lock_timeout: str = "0", role: str | None = None,
+                          lock: str | None = None) -> PrepareOutcome:
         """``snapshot_text``: given only to a hook with ``prepare_cached``, which also takes
         ``prepare(…, snapshot=)`` — the snapshot's text, which the service connection
         imported, instead of reading it — and ``prepare(…, stop=)``: the cancel's event, which
@@ -594,11 +610,17 @@ class Router:
             schemas = None if search_path is None else search_path_schemas(search_path)
             if search_path is not None and schemas is None:
                 return _path_differs(search_path)
+            if lock is not None and search_path is not None:
+                setup.append(pgsql.SQL(lock))
             setup.append(_READ_UNREPORTED if schemas is None
                          else _read_unreported_and_path(schemas))
             prepared = False
             try:
-                cur = conn.execute(pgsql.SQL("; ").join(setup))
+                try:
+                    cur = conn.execute(pgsql.SQL("; ").join(setup))
+                except psycopg.errors.LockNotAvailable:
+                    conn.execute("ROLLBACK")
+                    return PrepareOutcome("passthrough", LOCK_QUEUED, None, None)
                 while cur.nextset():   # to the last statement's row
                     pass
                 row: tuple[Any, ...] = cur.fetchone() or ()

@@ -192,17 +192,20 @@ def test_a_statement_timeout_during_the_wait_gives_postgresqls_error(
 def test_a_lock_queued_behind_the_wrapping_never_hangs_it(
         dsn: str, start_proxy: StartProxy) -> None:
     """While a service connection prepares, the client's backend holds ACCESS SHARE on the
-    query's tables. An ACCESS EXCLUSIVE request queued behind it queues the service
-    connection's own read of a table (a join's partner lookup) behind itself: each waits for
-    the other through the proxy, where PostgreSQL's deadlock detector cannot see it. The
-    service connection's bounded lock wait ends it: the query passes through, the lock is
-    granted, and the answer is PostgreSQL's."""
+    query's tables. An ACCESS EXCLUSIVE request queued behind it queued the service
+    connection's own read of a table (a join's partner lookup) behind itself: each waited
+    for the other through the proxy, where PostgreSQL's deadlock detector cannot see it,
+    until the service connection's bounded lock wait ended it. The service transaction now
+    takes the query's tables first (``router.LOCK_QUEUED``), before the hook's work: the
+    request queues behind both, the query is answered as PostgreSQL answers a query sent
+    before it (the rows before the write), and then the lock is granted."""
     slow = start_proxy(*_library_args(), hook="tests.imp_proxy.hooks:slow_sketch_manager")
     with psycopg.connect(via_proxy(dsn, slow.port), autocommit=True) as p, \
             psycopg.connect(dsn, autocommit=True) as d, \
             psycopg.connect(dsn, autocommit=True) as x:
         _warm(p, d, JOIN)
         d.execute("INSERT INTO lw SELECT 700000 + i, 1, 5 FROM generate_series(1, 50) i")
+        before = _rows(d, JOIN)
         out: dict[str, Any] = {}
         t = _in_thread(p, JOIN, out, "proxy")
         time.sleep(0.5)   # the wrapping holds its locks; the service connection sleeps
@@ -212,7 +215,8 @@ def test_a_lock_queued_behind_the_wrapping_never_hangs_it(
         x.execute("UPDATE lwd SET cat = 1 WHERE k = 2")
         x.execute("COMMIT")
         t.join(30)
-        assert out["proxy"] == _rows(d, JOIN)
+        assert _rows(d, JOIN) != before
+        assert out["proxy"] == before
 
 
 @pytest.mark.parametrize("case", ["a pruned partition", "the child of an ONLY table",

@@ -523,6 +523,62 @@ def test_a_table_truncated_and_refilled_before_the_wrappings_lock_is_read_after_
         fwd.close()
 
 
+def test_a_truncate_queued_behind_a_wrapping_waits_only_for_the_query(
+        admin_dsn: str, start_proxy: StartProxy, fresh_db: Callable[[], str]) -> None:
+    """A TRUNCATE queued behind the ACCESS SHARE lock a wrapping holds on the client's backend
+    queued the service connection's read of the table behind itself: the peer waited for the
+    client's backend, the client's backend for the proxy, the proxy for the peer — a cycle
+    PostgreSQL cannot see, broken only by the service's 2 s lock_timeout (found by a helper's
+    search: a peer with a 1 s lock_timeout failed with 55P03; directly it waits for the
+    reader's query). The service takes the tables first, NOWAIT, and the query passes through.
+    A forwarder holds the wrapping before its snapshot's export (its LOCK granted) until the
+    TRUNCATE waits."""
+    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    fwd = PausingForwarder(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
+                           (b"pg_export_snapshot()",))
+    try:
+        up = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=fwd.port)
+        proxy = start_proxy(upstream=up, hook="sketches.manager:SketchManager")
+        dsn = fresh_db()
+        with psycopg.connect(dsn, autocommit=True) as d:
+            d.execute("CREATE TABLE tq (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+            d.execute("INSERT INTO tq SELECT i, i % 50, (i * 37) % 1000 FROM"
+                      " generate_series(1, 5000) i")
+        query = "SELECT g, max(v) FROM tq GROUP BY g HAVING max(v) > 990 ORDER BY g"
+        with psycopg.connect(via_proxy(dsn, proxy.port), autocommit=True) as c, \
+                psycopg.connect(dsn, autocommit=True) as d, \
+                psycopg.connect(dsn, autocommit=True) as peer:
+            before = d.execute(query).fetchall()
+            assert before
+            fwd.arm()
+            got: list[list[tuple[Any, ...]]] = []
+            reader = threading.Thread(target=lambda: got.append(c.execute(query).fetchall()))
+            reader.start()
+            assert fwd.paused.wait(30), "the wrapping exported no snapshot"
+            _wait_for(d, "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'tq'::regclass"
+                      " AND mode = 'AccessShareLock' AND granted)")
+            peer.execute("SET lock_timeout = '1900ms'")   # below the service's 2 s
+            outcome: list[str] = []
+
+            def truncate() -> None:
+                try:
+                    peer.execute("TRUNCATE tq")
+                    outcome.append("ok")
+                except psycopg.Error as exc:
+                    outcome.append(str(exc.sqlstate))
+            writer = threading.Thread(target=truncate)
+            writer.start()
+            _wait_for(d, "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'tq'::regclass"
+                      " AND mode = 'AccessExclusiveLock' AND NOT granted)")
+            fwd.release()
+            writer.join(30)
+            reader.join(30)
+            assert outcome == ["ok"]
+            assert got in ([before], [[]]), got
+    finally:
+        fwd.close()
+
+
 def test_an_escaped_quote_refused_by_backslash_quote_is_refused_through_the_proxy(
         ldsn: str, db_dsn: str) -> None:
     """With backslash_quote off, PostgreSQL refuses ``E'a\\'b'`` (22P06); the instrumented
