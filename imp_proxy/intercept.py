@@ -84,7 +84,8 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
                   " extract(epoch FROM current_setting('statement_timeout')::interval)::float8,"
                   " current_setting('lock_timeout'),"
                   " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),"
-                  " current_user")
+                  " current_user, pg_catalog.current_setting('backslash_quote')"
+                  " OPERATOR(pg_catalog.=) 'off'")
 # Read before anything of the proxy's own can fail on the client's backend: exit_on_error
 # makes every ERROR there FATAL (found: the wrapping's LOCK … NOWAIT, failing behind another
 # session's lock, ended a session that PostgreSQL kept waiting for the lock). It stays off
@@ -93,9 +94,9 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
 # snapshot (found by a helper's search: a SELECT here fixed the snapshot first, and a TRUNCATE
 # and refill committed before the LOCK was granted left the query an empty table — rows no
 # order of the two gives). They also call no function the client's search_path could
-# resolve to one of its own.
-GUARD_SETTINGS = ("SHOW exit_on_error", "SHOW backslash_quote",
-                  "SET LOCAL exit_on_error = off")
+# resolve to one of its own. (backslash_quote, which the proxy does not change, is read with
+# the snapshot's export.)
+GUARD_SETTINGS = ("SHOW exit_on_error", "SET LOCAL exit_on_error = off")
 EXIT_ON_ERROR = ("the session's exit_on_error is on: any error of the proxy's own statements "
                  "would end the session")
 BACKSLASH_QUOTE = ("the session's backslash_quote is off and the query holds \\' (an error in "
@@ -408,17 +409,19 @@ async def begin_and_prepare(s: Session, sql: str, lock: str | None, bind: Bind |
     replies = await s.exchange_with_upstream(payload + codec.encode_sync(), 1)
     err = _first_error(replies)
     rows = [codec.decode_data_row(m) for t, m in replies if t == DATA_ROW]
-    shown = [r.values[0] for r in rows[:2]]
-    del rows[:2]
-    if len(shown) == 2 and (shown[0] == b"on" or (shown[1] == b"off" and "\\'" in sql)):
+    shown = rows.pop(0).values[0] if rows else None
+    if shown == b"on":
         await _rollback(s)
-        raise Fallback(EXIT_ON_ERROR if shown[0] == b"on" else BACKSLASH_QUOTE)
+        raise Fallback(EXIT_ON_ERROR)
     if err is not None or not rows or rows[0].values[0] is None:
         await _rollback(s)
         if any(t == ERROR_RESPONSE and codec.decode_error_fields(m).fields.get("C")
                == WRONG_OBJECT_TYPE for t, m in replies):
             s.router.refuse(sql, f"LOCK TABLE refused its relations: {err}")
         raise Fallback(f"the wrapping's BEGIN, LOCK or snapshot export failed: {err}")
+    if rows[0].values[10 + len(SESSION_SETTINGS)] == b"t" and "\\'" in sql:
+        await _rollback(s)
+        raise Fallback(BACKSLASH_QUOTE)
     snapshot = rows[0].values[0].decode()
     search_path = rows[0].values[1].decode() if rows[0].values[1] is not None else None
     text = rows[0].values[2]
