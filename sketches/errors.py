@@ -43,6 +43,11 @@ class InstrumentationError(SketchError):
     """The rewritten query did not survive the print/re-parse safety belt."""
 
 
+class TemplateBusy(SketchError):
+    """Another thread's work on the query's template (a capture, a maintenance) held it
+    longer than ``SketchSettings.template_wait``; nothing was decided."""
+
+
 class Interrupted(SketchError):
     """The caller stopped a prepare that was waiting (for another prepare of the same
     template); nothing was decided."""

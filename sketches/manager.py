@@ -54,6 +54,7 @@ from sketches.errors import (
     Interrupted,
     PartitionError,
     SketchError,
+    TemplateBusy,
     UnsupportedQuery,
 )
 from sketches.instrument import instrument
@@ -145,7 +146,12 @@ class SketchSettings:
     latest captures were each never used again (its constants change from query to query),
     a query no sketch may serve passes through on its first execution and is captured on
     its second — a capture costs several times the query itself (0: capture at first sight
-    always; at most ``RECENT_CAPTURES_KEPT``)."""
+    always; at most ``RECENT_CAPTURES_KEPT``); ``template_wait`` (s): a prepare waits at
+    most this long for another thread's work on its template (a capture, a maintenance, the
+    eager background's) and then passes its query through (0: no limit). Why: a stalled
+    maintenance connection, or a huge delta, held every query of the template for as long
+    (found by a helper's search of background races: 7–14 s, as long as the test held the
+    background's statement), where PostgreSQL answers at once."""
 
     enabled: bool = True
     fragments: int = 1000
@@ -167,6 +173,7 @@ class SketchSettings:
     idle_evict_after: float = 600.0
     max_state_rows: int = 1_000_000
     unreused_captures: int = 4
+    template_wait: float = 2.0
 
     def __post_init__(self) -> None:
         # as IMP SET takes it: "Lazy" from a configuration file was kept as written, and
@@ -400,18 +407,21 @@ class SketchManager(IncrementalMaintenance):
                         stop: threading.Event | None = None,
                         role: str | None = None, wrote: bool = False) -> Prepared:
         self._txn.uncommitted = _Uncommitted()
-        with self._held_template(template, stop) as tmpl:
-            tmpl.seen += 1
-            key = answer_key(sql, params, search_path) if search_path is not None else None
-            try:
+        try:
+            with self._held_template(template, stop, self.settings.template_wait) as tmpl:
+                tmpl.seen += 1
+                key = (answer_key(sql, params, search_path) if search_path is not None
+                       else None)
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
-                                     template, tmpl, path, snapshot, key, settings_differ, role,
-                                     wrote)
-            except CaptureError:
-                self._stats["errors"] += 1
-                raise
-            except SketchError as exc:
-                return self._passthrough(str(exc))
+                                     template, tmpl, path, snapshot, key, settings_differ,
+                                     role, wrote)
+        except CaptureError:
+            self._stats["errors"] += 1
+            raise
+        except Interrupted:
+            raise
+        except SketchError as exc:   # TemplateBusy too: no decision, the query passes through
+            return self._passthrough(str(exc))
 
     def rolled_back(self) -> None:
         """The transaction of this thread's last :meth:`prepare` did not commit (it raised,
@@ -621,10 +631,12 @@ class SketchManager(IncrementalMaintenance):
         return Prepared("passthrough", reason, None, None)
 
     @contextlib.contextmanager
-    def _held_template(self, template: str,
-                       stop: threading.Event | None) -> Iterator[_Template]:
+    def _held_template(self, template: str, stop: threading.Event | None,
+                       wait: float = 0.0) -> Iterator[_Template]:
         """The template's state, its lock held inside; one :meth:`_trim_templates` dropped
-        while this thread waited for its lock is made anew."""
+        while this thread waited for its lock is made anew. ``wait`` > 0: at most that many
+        seconds in all (then :class:`TemplateBusy`)."""
+        deadline = time.monotonic() + wait if wait > 0 else None
         while True:
             with self._lock:
                 tmpl = self._templates.get(template)
@@ -633,7 +645,7 @@ class SketchManager(IncrementalMaintenance):
                     self._trim_templates(keep=template)
                 else:
                     self._templates.move_to_end(template)
-            with _held(tmpl.lock, stop):
+            with _held(tmpl.lock, stop, deadline):
                 if self._templates.get(template) is tmpl:
                     yield tmpl
                     return
@@ -1576,14 +1588,19 @@ def _may_not_read(conn: psycopg.Connection[Any], role: str | None,
 
 
 @contextlib.contextmanager
-def _held(lock: threading.Lock, stop: threading.Event | None) -> Iterator[None]:
-    """``lock`` held inside; waited for until ``stop`` is set (then :class:`Interrupted`)."""
-    if stop is None:
+def _held(lock: threading.Lock, stop: threading.Event | None,
+          deadline: float | None = None) -> Iterator[None]:
+    """``lock`` held inside; waited for until ``stop`` is set (then :class:`Interrupted`) or
+    the ``time.monotonic()`` ``deadline`` passed (then :class:`TemplateBusy`)."""
+    if stop is None and deadline is None:
         lock.acquire()
     else:
         while not lock.acquire(timeout=STOP_POLL):
-            if stop.is_set():
+            if stop is not None and stop.is_set():
                 raise Interrupted("stopped while waiting for another prepare of the template")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TemplateBusy("another prepare or maintenance of the query's template "
+                                   "held it longer than template_wait")
     try:
         yield
     finally:

@@ -379,6 +379,40 @@ def test_a_new_manager_loads_the_sketches_of_every_search_path(
     assert second.stats().get("captures", 0) == 0
 
 
+def test_a_query_waits_for_other_work_on_its_template_at_most_template_wait(
+        data: str, svc: psycopg.Connection[Any]) -> None:
+    """A prepare held its template for as long as its capture or maintenance took, and
+    every other query of the template waited for it without bound (found by a helper's
+    search: as long as an eager maintenance's statement was held). Here a capture waits for
+    a table lock; a second query of its template passes through after ``template_wait``."""
+    m = SketchManager(SketchSettings(fragments=100, persist=False, template_wait=0.3))
+    out: dict[str, Prepared] = {}
+    with psycopg.connect(data, autocommit=True) as locker, \
+            psycopg.connect(data, autocommit=True) as other:
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE mt IN ACCESS EXCLUSIVE MODE")
+        try:
+            first = threading.Thread(target=lambda: out.update(
+                first=prepare(m, svc, HAVING, [120])))
+            first.start()
+            deadline = time.monotonic() + 30
+            while other.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted"
+                                " AND relation = 'mt'::regclass)").fetchone() != (True,):
+                assert time.monotonic() < deadline, "the capture never waited for mt"
+                time.sleep(0.01)
+            second = threading.Thread(target=lambda: out.update(
+                second=prepare(m, other, HAVING, [120])))
+            second.start()
+            second.join(30)
+            assert "second" in out, "the second query waited for the first's capture"
+        finally:
+            locker.execute("ROLLBACK")
+        first.join(30)
+    assert out["second"].decision == "passthrough"
+    assert "template_wait" in out["second"].reason
+    assert out["first"].decision == "capture"
+
+
 def test_maintenance_hook_result_is_used(svc: psycopg.Connection[Any]) -> None:
     calls: list[int] = []
 
