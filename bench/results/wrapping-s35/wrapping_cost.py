@@ -9,7 +9,7 @@ with the session's old form on a throwaway cluster:
 * the service transaction's setup (every prepare on a service connection): without and with
   the ``LOCK TABLE … IN ACCESS SHARE MODE NOWAIT`` of the query's tables (``router``).
 
-Run from the checkout's root: ``.venv/bin/python bench/results/wrapping-s35/pieces_cost.py``
+Run from the checkout's root: ``.venv/bin/python bench/results/wrapping-s35/wrapping_cost.py``
 """
 
 from __future__ import annotations
