@@ -3,12 +3,13 @@ sketched SELECTs in simple and extended protocol return exactly what PostgreSQL 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -469,6 +470,30 @@ def test_an_exit_on_error_session_with_its_own_current_setting_gets_its_rows(
         assert c.execute("SELECT 1").fetchone() == (1,)
 
 
+@contextlib.contextmanager
+def _library_proxy_behind(admin_dsn: str, start_proxy: StartProxy, marker: tuple[bytes, ...]
+                          ) -> Iterator[tuple[PausingForwarder, ProxyProcess]]:
+    """A proxy with the sketch library whose connections to PostgreSQL go through a
+    :class:`PausingForwarder` that can hold them before a Parse holding ``marker``."""
+    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    fwd = PausingForwarder(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
+                           marker)
+    try:
+        up = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=fwd.port)
+        yield fwd, start_proxy(upstream=up, hook="sketches.manager:SketchManager")
+    finally:
+        fwd.close()
+
+
+def _table_of_groups(dsn: str, name: str) -> str:
+    """``dsn`` with table ``name`` (id, g, v) of 5,000 rows in 50 groups."""
+    with psycopg.connect(dsn, autocommit=True) as d:
+        d.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
+        d.execute(f"INSERT INTO {name} SELECT i, i % 50, (i * 37) % 1000 FROM"
+                  " generate_series(1, 5000) i ORDER BY i % 50")
+    return dsn
+
+
 def _wait_for(conn: psycopg.Connection[Any], check: str) -> None:
     deadline = time.monotonic() + 30
     while conn.execute(check).fetchone() != (True,):
@@ -487,17 +512,10 @@ def test_a_table_truncated_and_refilled_before_the_wrappings_lock_is_read_after_
     (found by a helper's search: 0 rows, where PostgreSQL answers either state's). A
     forwarder holds the proxy's stream just before the LOCK's Parse, and once the client's
     backend has run what came before it, a peer commits."""
-    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
-    fwd = PausingForwarder(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
-                           (b"LOCK TABLE", b"NOWAIT"))
-    try:
-        up = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=fwd.port)
-        proxy = start_proxy(upstream=up, hook="sketches.manager:SketchManager")
-        dsn = fresh_db()
+    with _library_proxy_behind(admin_dsn, start_proxy, (b"LOCK TABLE", b"NOWAIT")) \
+            as (fwd, proxy):
+        dsn = _table_of_groups(fresh_db(), "tr")
         with psycopg.connect(dsn, autocommit=True) as d:
-            d.execute("CREATE TABLE tr (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
-            d.execute("INSERT INTO tr SELECT i, i % 50, (i * 37) % 1000 FROM"
-                      " generate_series(1, 5000) i ORDER BY i % 50")
             d.execute("INSERT INTO tr SELECT 10000 + i, 7, 900 FROM generate_series(1, 40) i")
         query = "SELECT g, count(*), sum(v) FROM tr GROUP BY g HAVING sum(v) > 60000 ORDER BY g"
         with psycopg.connect(via_proxy(dsn, proxy.port), autocommit=True) as c, \
@@ -519,8 +537,6 @@ def test_a_table_truncated_and_refilled_before_the_wrappings_lock_is_read_after_
             fwd.release()
             reader.join(30)
             assert before != after and got in ([before], [after]), (before, after, got)
-    finally:
-        fwd.close()
 
 
 def test_a_truncate_queued_behind_a_wrapping_waits_only_for_the_query(
@@ -533,17 +549,9 @@ def test_a_truncate_queued_behind_a_wrapping_waits_only_for_the_query(
     reader's query). The service takes the tables first, NOWAIT, and the query passes through.
     A forwarder holds the wrapping before its snapshot's export (its LOCK granted) until the
     TRUNCATE waits."""
-    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
-    fwd = PausingForwarder(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
-                           (b"pg_export_snapshot()",))
-    try:
-        up = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=fwd.port)
-        proxy = start_proxy(upstream=up, hook="sketches.manager:SketchManager")
-        dsn = fresh_db()
-        with psycopg.connect(dsn, autocommit=True) as d:
-            d.execute("CREATE TABLE tq (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL)")
-            d.execute("INSERT INTO tq SELECT i, i % 50, (i * 37) % 1000 FROM"
-                      " generate_series(1, 5000) i")
+    with _library_proxy_behind(admin_dsn, start_proxy, (b"pg_export_snapshot()",)) \
+            as (fwd, proxy):
+        dsn = _table_of_groups(fresh_db(), "tq")
         query = "SELECT g, max(v) FROM tq GROUP BY g HAVING max(v) > 990 ORDER BY g"
         with psycopg.connect(via_proxy(dsn, proxy.port), autocommit=True) as c, \
                 psycopg.connect(dsn, autocommit=True) as d, \
@@ -575,8 +583,6 @@ def test_a_truncate_queued_behind_a_wrapping_waits_only_for_the_query(
             reader.join(30)
             assert outcome == ["ok"]
             assert got in ([before], [[]]), got
-    finally:
-        fwd.close()
 
 
 def test_an_escaped_quote_refused_by_backslash_quote_is_refused_through_the_proxy(
