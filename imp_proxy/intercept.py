@@ -75,14 +75,18 @@ log = logging.getLogger(__name__)
 # idle_in_transaction_session_timeout is off for the wrapping: the client's backend waits in
 # it while a service connection prepares (a capture can take seconds), and a client timeout
 # shorter than that ended the session (found: FATAL 25P03 where PostgreSQL ran the query).
+# Every function, operator and type qualified: it runs on the client's search path, where a
+# schema of its own may hold a same-named function (found by a helper's regression search).
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
-                  "SELECT pg_export_snapshot(), "
-                  + EFFECTIVE_SEARCH_PATH + ", pg_current_snapshot()::text"
+                  "SELECT pg_catalog.pg_export_snapshot(), "
+                  + EFFECTIVE_SEARCH_PATH + ", pg_catalog.pg_current_snapshot()::pg_catalog.text"
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
-                  + ", current_setting('default_transaction_isolation') = 'serializable', "
+                  + ", pg_catalog.current_setting('default_transaction_isolation')"
+                  " OPERATOR(pg_catalog.=) 'serializable', "
                   + SERVER_STARTED + ", pg_catalog.pg_client_encoding(),"
-                  " extract(epoch FROM current_setting('statement_timeout')::interval)::float8,"
-                  " current_setting('lock_timeout'),"
+                  " extract(epoch FROM pg_catalog.current_setting('statement_timeout')"
+                  "::pg_catalog.interval)::pg_catalog.float8,"
+                  " pg_catalog.current_setting('lock_timeout'),"
                   " pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),"
                   " current_user, pg_catalog.current_setting('backslash_quote')"
                   " OPERATOR(pg_catalog.=) 'off'")

@@ -113,7 +113,8 @@ rounded where extra_float_digits ≤ 0, and of a bytea), which PostgreSQL does n
 service connection reads its own in the transaction's setup."""
 
 _SETTING_SQL = {
-    "extra_float_digits": "least(current_setting('extra_float_digits')::int, 1)::text",
+    "extra_float_digits": ("least(pg_catalog.current_setting('extra_float_digits')"
+                           "::pg_catalog.int4, 1)::pg_catalog.text"),
 }
 """Settings read as an expression, not as their text: every positive extra_float_digits gives
 the same float text (the shortest exact one), so pgjdbc's 3 and the default 1 are one value."""
@@ -122,7 +123,7 @@ the same float text (the shortest exact one), so pgjdbc's 3 and the default 1 ar
 def setting_sql(name: str) -> str:
     """The SQL expression that reads setting ``name`` (one of :data:`SESSION_SETTINGS`) in the
     form sessions are compared on."""
-    return _SETTING_SQL.get(name, f"current_setting('{name}')")
+    return _SETTING_SQL.get(name, f"pg_catalog.current_setting('{name}')")
 
 SESSION_SETTINGS = EVALUATION_SETTINGS + UNREPORTED_SETTINGS
 """What a client session's settings are compared with the service connection's on."""
@@ -145,7 +146,8 @@ def _read_unreported_and_path(schemas: list[str]) -> pgsql.Composable:
     ``schemas`` (the client's) once the client's search_path is set: PostgreSQL leaves out
     the schemas a role may not use. (An array comparison: the path's text built anew costs a
     subquery's planning, about 25 µs.)"""
-    return pgsql.SQL("SELECT {}, current_schemas(true)::text[] = {}::text[]").format(
+    return pgsql.SQL("SELECT {}, pg_catalog.current_schemas(true)::pg_catalog.text[]"
+                     " OPERATOR(pg_catalog.=) {}::pg_catalog.text[]").format(
         pgsql.SQL(", ").join(pgsql.SQL(setting_sql(n)) for n in UNREPORTED_SETTINGS),
         pgsql.Literal(schemas))
 
@@ -600,11 +602,12 @@ class Router:
                      pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot)),
                      pgsql.SQL(LOCAL_SETTINGS)]
             if search_path is not None:
-                setup.append(pgsql.SQL("SELECT set_config('search_path', {}, true)").format(
-                    pgsql.Literal(search_path)))
+                setup.append(pgsql.SQL("SELECT pg_catalog.set_config('search_path', {}, true)")
+                             .format(pgsql.Literal(search_path)))
             if lock_timeout != "0":   # a shorter one than the service connection's
                 setup.append(pgsql.SQL(
-                    "SELECT set_config('lock_timeout', CASE WHEN {c}::interval < {b}::interval"
+                    "SELECT pg_catalog.set_config('lock_timeout', CASE WHEN"
+                    " {c}::pg_catalog.interval OPERATOR(pg_catalog.<) {b}::pg_catalog.interval"
                     " THEN {c} ELSE {b} END, true)").format(
                         c=pgsql.Literal(lock_timeout), b=pgsql.Literal(SERVICE_LOCK_WAIT)))
             schemas = None if search_path is None else search_path_schemas(search_path)

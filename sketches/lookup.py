@@ -111,12 +111,16 @@ def _types_of(conn: psycopg.Connection[Any], analysis: QueryAnalysis,
             {c: mod for c, (_o, mod) in found.items()})
 
 
-EFFECTIVE_SEARCH_PATH = ("array_to_string(ARRAY(SELECT quote_ident(s)"
-                         " FROM unnest(current_schemas(true)) AS s), ', ')")
+EFFECTIVE_SEARCH_PATH = ("pg_catalog.array_to_string(ARRAY(SELECT pg_catalog.quote_ident(s)"
+                         " FROM pg_catalog.unnest(pg_catalog.current_schemas(true)) AS s), ', ')")
 """SQL for the schemas a session's unqualified names resolve through, as a search_path value:
 ``$user`` expanded, schemas that do not exist or lack USAGE dropped, the session's temporary
 schema and pg_catalog where they are searched. Set on another session, it resolves the same
-names to the same relations; the setting's own text (``"$user", public``) does not."""
+names to the same relations; the setting's own text (``"$user", public``) does not. Every
+function qualified: it runs on the client's session, whose own ``current_schemas`` or
+``quote_ident`` (an exact match for ``name``, found even after pg_catalog) had told the
+proxy another path (found by a helper's regression search: the capture resolved names
+elsewhere than the client's query, which then lost groups)."""
 
 
 _PATH_ELEMENT = re.compile(r'"(?:[^"]|"")*"|[^",\s]+')
@@ -142,7 +146,7 @@ def search_path_schemas(path: str) -> list[str] | None:
     return names
 
 
-SERVER_STARTED = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::text"
+SERVER_STARTED = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::pg_catalog.text"
 """SQL for the server's start time as its epoch, which reads the same in every session (its
 timestamptz text follows the session's TimeZone and DateStyle): a change means PostgreSQL
 restarted (``SketchManager.server_started``)."""
@@ -242,15 +246,16 @@ queries), in the client's search_path."""
 GENERATED_OPERATORS = frozenset({"=", "<>", "<", "<=", ">", ">=", "+", "-", "*"})
 """Operators the library's own SQL uses."""
 
-_REGCLASS = ("to_regclass(CASE WHEN u.s IS NULL THEN quote_ident(u.n)"
-             " ELSE quote_ident(u.s) || '.' || quote_ident(u.n) END)")
+_REGCLASS = ("pg_catalog.to_regclass(CASE WHEN u.s IS NULL THEN pg_catalog.quote_ident(u.n)"
+             " ELSE pg_catalog.quote_ident(u.s) || '.' || pg_catalog.quote_ident(u.n) END)")
 """The relation a row ``u(s, n)`` of schema and name resolves to on the search_path."""
 
 _QUERY_TYPES = (
-    "(SELECT array_agg(v.x) FROM ("
-    "  SELECT a.atttypid AS t FROM unnest({schemas}::text[], {names}::text[]) AS u(s, n)"
+    "(SELECT pg_catalog.array_agg(v.x) FROM ("
+    "  SELECT a.atttypid AS t FROM ROWS FROM (pg_catalog.unnest({schemas}::text[]),"
+    "   pg_catalog.unnest({names}::text[])) AS u(s, n)"
     "  JOIN pg_catalog.pg_attribute AS a ON a.attrelid = " + _REGCLASS + " AND a.attnum > 0"
-    "  UNION ALL SELECT to_regtype(c) FROM unnest({types}::text[]) AS c"
+    "  UNION ALL SELECT pg_catalog.to_regtype(c) FROM pg_catalog.unnest({types}::text[]) AS c"
     " ) AS q JOIN pg_catalog.pg_type AS y ON y.oid = q.t"
     " CROSS JOIN LATERAL (VALUES (y.oid), (y.typbasetype), (y.typelem)) AS v(x)"
     " WHERE v.x >= 16384)")
@@ -272,7 +277,7 @@ _ELEMENT = ("  JOIN pg_catalog.pg_type AS x ON x.oid = CASE WHEN y.typcategory =
             "   AND y.typelem <> 0 THEN y.typelem ELSE y.oid END")
 """SQL: ``x``, the pg_type row of type ``y``'s array element (of ``y`` itself if no array)."""
 
-_REACHED = ("EXISTS (SELECT FROM unnest({args}) AS a(t)"
+_REACHED = ("EXISTS (SELECT FROM pg_catalog.unnest({args}) AS a(t)"
             "  JOIN pg_catalog.pg_type AS y ON y.oid = a.t" + _ELEMENT +
             "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND ({written} OR y.typtype <> 'b'"
             "   OR x.typtype <> 'b' OR EXISTS (SELECT FROM pg_catalog.pg_cast AS k"
@@ -284,49 +289,57 @@ domain (its CHECK constraints), an enum, composite or range (literals, rows and 
 inside), a type an implicit cast leads to (the cast's function)."""
 
 _SHADOWING = psql.SQL(
-    "(SELECT CASE WHEN (SELECT p.s FROM unnest(current_schemas(true)) WITH ORDINALITY AS p(s, i)"
-    "  WHERE p.s NOT LIKE 'pg\\_temp\\_%' ORDER BY p.i LIMIT 1) IS DISTINCT FROM 'pg_catalog'"
+    "(SELECT CASE WHEN NOT coalesce((SELECT p.s FROM"
+    "  pg_catalog.unnest(pg_catalog.current_schemas(true)) WITH ORDINALITY AS p(s, i)"
+    "  WHERE NOT p.s OPERATOR(pg_catalog.~~) 'pg\\_temp\\_%' ORDER BY p.i LIMIT 1)"
+    "  OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.name, false)"
     " THEN 'a schema precedes pg_catalog on the search_path: a function or operator the query"
     " (or the proxy''s own SQL) uses may not be PostgreSQL''s built-in one'"
-    " ELSE coalesce((SELECT format('%s %I.%s: ', u.kind, u.nsp, u.name) || CASE WHEN u.code"
+    " ELSE coalesce((SELECT pg_catalog.format('%s %I.%s: ', u.kind, u.nsp, u.name)"
+    "  || CASE WHEN u.code"
     "  THEN 'the query may run code that is not PostgreSQL''s own' ELSE 'a function or operator"
     " the query (or the proxy''s own SQL) uses may not be PostgreSQL''s built-in one' END FROM ("
     "  SELECT 'function' AS kind, n.nspname AS nsp, f.proname::text AS name,"
     "  NOT (16384 > ALL (f.proargtypes::oid[])"
-    "   OR f.proargtypes::oid[] && " + _QUERY_TYPES + ") AS code"
+    "   OR f.proargtypes::oid[] OPERATOR(pg_catalog.&&) " + _QUERY_TYPES + ") AS code"
     "  FROM pg_catalog.pg_proc AS f JOIN pg_catalog.pg_namespace AS n ON n.oid = f.pronamespace"
     "  WHERE f.oid >= 16384 AND f.proname = ANY({routines}::text[])"
-    "  AND (16384 > ALL (f.proargtypes::oid[]) OR f.proargtypes::oid[] && " + _QUERY_TYPES +
-    "   OR n.nspname LIKE 'pg\\_temp\\_%' OR "
+    "  AND (16384 > ALL (f.proargtypes::oid[])"
+    "   OR f.proargtypes::oid[] OPERATOR(pg_catalog.&&) " + _QUERY_TYPES +
+    "   OR n.nspname OPERATOR(pg_catalog.~~) 'pg\\_temp\\_%' OR "
     + _REACHED.format(args="f.proargtypes::oid[]", written=_USER_WRITTEN.format(f="f")) + ")"
     "  UNION ALL SELECT 'operator', n.nspname, o.oprname::text,"
     "  NOT (o.oprleft < 16384 AND o.oprright < 16384"
-    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES + ")"
+    "   OR ARRAY[o.oprleft, o.oprright] OPERATOR(pg_catalog.&&) " + _QUERY_TYPES + ")"
     "  FROM pg_catalog.pg_operator AS o"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = o.oprnamespace"
     "  JOIN pg_catalog.pg_proc AS c ON c.oid = o.oprcode"
     "  WHERE o.oid >= 16384 AND o.oprname = ANY({operators}::text[])"
     "  AND (o.oprleft < 16384 AND o.oprright < 16384"
-    "   OR ARRAY[o.oprleft, o.oprright] && " + _QUERY_TYPES +
-    "   OR n.nspname LIKE 'pg\\_temp\\_%' OR "
+    "   OR ARRAY[o.oprleft, o.oprright] OPERATOR(pg_catalog.&&) " + _QUERY_TYPES +
+    "   OR n.nspname OPERATOR(pg_catalog.~~) 'pg\\_temp\\_%' OR "
     + _REACHED.format(args="ARRAY[o.oprleft, o.oprright]", written=_USER_WRITTEN.format(f="c"))
     + ")"
-    " ) AS u WHERE u.nsp <> 'pg_catalog' AND u.nsp = ANY(current_schemas(true)) LIMIT 1),"
-    " (SELECT format('collation %s: not one of PostgreSQL''s own, a session may resolve its"
-    "   name to another (its search_path), or it may be made anew', c.n)"
-    "  FROM unnest({collations}::text[]) AS c(n)"
-    "  WHERE coalesce(to_regcollation(c.n)::oid, 16384) >= 16384 LIMIT 1),"
-    " (SELECT format('cast to %s: the query may run code that is not PostgreSQL''s own',"
+    " ) AS u WHERE u.nsp <> 'pg_catalog'"
+    "  AND u.nsp OPERATOR(pg_catalog.=) ANY(pg_catalog.current_schemas(true)) LIMIT 1),"
+    " (SELECT pg_catalog.format('collation %s: not one of PostgreSQL''s own, a session may"
+    "   resolve its name to another (its search_path), or it may be made anew', c.n)"
+    "  FROM pg_catalog.unnest({collations}::text[]) AS c(n)"
+    "  WHERE coalesce(pg_catalog.to_regcollation(c.n)::oid, 16384) >= 16384 LIMIT 1),"
+    " (SELECT pg_catalog.format('cast to %s: the query may run code that is not"
+    "   PostgreSQL''s own',"
     "   y.oid::regtype)"
-    "  FROM unnest({types}::text[]) AS c(n) JOIN pg_catalog.pg_type AS y ON y.oid = to_regtype(c.n)"
+    "  FROM pg_catalog.unnest({types}::text[]) AS c(n)"
+    "  JOIN pg_catalog.pg_type AS y ON y.oid = pg_catalog.to_regtype(c.n)"
     + _ELEMENT +
     "  WHERE (y.oid >= 16384 OR x.oid >= 16384) AND (y.typtype <> 'b' OR x.typtype <> 'b')"
     "  LIMIT 1),"
-    " (SELECT format('cast function %s.%I: the query may run code that is not PostgreSQL''s"
-    "   own', h.pronamespace::regnamespace, h.proname)"
+    " (SELECT pg_catalog.format('cast function %s.%I: the query may run code that is not"
+    "   PostgreSQL''s own', h.pronamespace::regnamespace, h.proname)"
     "  FROM pg_catalog.pg_cast AS k JOIN pg_catalog.pg_proc AS h ON h.oid = k.castfunc"
     "  WHERE k.castfunc >= 16384 AND "
-    + _USER_WRITTEN.format(f="h") + " AND ARRAY[k.castsource, k.casttarget] && " + _QUERY_TYPES
+    + _USER_WRITTEN.format(f="h")
+    + " AND ARRAY[k.castsource, k.casttarget] OPERATOR(pg_catalog.&&) " + _QUERY_TYPES
     + " LIMIT 1)) END)")
 """A reason when the query (or the library's own SQL) may run a function or operator that is
 not PostgreSQL's built-in one on the session's search_path, else NULL:
@@ -380,12 +393,14 @@ through (:func:`relations`)."""
 _SETTINGS_FREE = (
     "(SELECT NOT EXISTS (SELECT FROM ("
     "  SELECT a.atttypid AS t"
-    "  FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
+    "  FROM ROWS FROM (pg_catalog.unnest({schemas}::text[]),"
+    "   pg_catalog.unnest({names}::text[])) WITH ORDINALITY AS u(s, n, i)"
     "  JOIN pg_catalog.pg_attribute AS a ON a.attrelid = " + _REGCLASS +
-    "  JOIN unnest({read_tables}::int[], {read_columns}::text[]) AS k(i, c)"
+    "  JOIN ROWS FROM (pg_catalog.unnest({read_tables}::int[]),"
+    "   pg_catalog.unnest({read_columns}::text[])) AS k(i, c)"
     "   ON k.i = u.i AND (k.c IS NULL OR k.c = a.attname)"
     "  WHERE NOT a.attisdropped"
-    "  UNION ALL SELECT to_regtype(c) FROM unnest({types}::text[]) AS c"
+    "  UNION ALL SELECT pg_catalog.to_regtype(c) FROM pg_catalog.unnest({types}::text[]) AS c"
     " ) AS q"
     " LEFT JOIN pg_catalog.pg_type AS y ON y.oid = q.t"
     " LEFT JOIN pg_catalog.pg_type AS b ON b.oid = coalesce(nullif(y.typbasetype, 0), y.oid)"
@@ -413,7 +428,8 @@ groups out of a sketch that was used). Searched only under a table that has or h
 children (``relhassubclass``, which stays true after they go: a search then finds none)."""
 
 _COLUMNS = (
-    "(SELECT md5(string_agg(quote_ident(a.attname) || ' ' || a.atttypid || ' ' || a.atttypmod"
+    "(SELECT pg_catalog.md5(pg_catalog.string_agg(pg_catalog.quote_ident(a.attname)"
+    " || ' ' || a.atttypid || ' ' || a.atttypmod"
     " || ' ' || a.attcollation, ',' ORDER BY a.attnum)) FROM pg_catalog.pg_attribute AS a"
     " WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)")
 """A digest of a table's columns (``c``): what an analysis reads of them (the tables
@@ -426,7 +442,8 @@ _RELATIONS = psql.SQL(
     "SELECT u.i, c.relkind, c.relrowsecurity, c.oid::bigint, n.nspname, c.relname,"
     " c.relpersistence, " + _UNSEEN_DESCENDANT + ", " + _COLUMNS + ", {shadowing}, "
     + _SETTINGS_FREE +
-    " FROM unnest({schemas}::text[], {names}::text[]) WITH ORDINALITY AS u(s, n, i)"
+    " FROM ROWS FROM (pg_catalog.unnest({schemas}::text[]),"
+    "  pg_catalog.unnest({names}::text[])) WITH ORDINALITY AS u(s, n, i)"
     " JOIN pg_catalog.pg_class AS c ON c.oid = " + _REGCLASS +
     " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
     " ORDER BY u.i")

@@ -104,9 +104,10 @@ _BACKSLASHES = ("standard_conforming_strings is off: a backslash in a literal is
 prints the range bounds with standard strings, which PostgreSQL then reads with escapes
 (found: 0 rows instead of 1000 behind a service connection that had it off too)."""
 
-_SETUP_SQL = ("SELECT {}, pg_current_snapshot()::text, "
-              "current_setting('transaction_isolation'), "
-              "pg_current_xact_id_if_assigned()::text::bigint, " + lookup.SERVER_STARTED)
+_SETUP_SQL = ("SELECT {}, pg_catalog.pg_current_snapshot()::pg_catalog.text, "
+              "pg_catalog.current_setting('transaction_isolation'), "
+              "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text::pg_catalog.int8, "
+              + lookup.SERVER_STARTED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -470,6 +470,60 @@ def test_an_exit_on_error_session_with_its_own_current_setting_gets_its_rows(
         assert c.execute("SELECT 1").fetchone() == (1,)
 
 
+_MISREPORTING = {
+    "own current_schemas before pg_catalog": (
+        ["CREATE SCHEMA s35liar",
+         "CREATE FUNCTION s35liar.current_schemas(boolean) RETURNS name[] LANGUAGE sql"
+         " AS $$SELECT '{pg_catalog,public}'::name[]$$",
+         "CREATE FUNCTION s35liar.twice(int, int) RETURNS int LANGUAGE sql"
+         " AS 'SELECT coalesce($1, 0) + 2 * $2'",
+         "CREATE AGGREGATE s35liar.sum(int) (SFUNC = s35liar.twice, STYPE = int)"],
+        "s35liar, pg_catalog, public",
+        "SELECT g, sum(v) FROM sm GROUP BY g HAVING sum(v) > 150000 ORDER BY g"),
+    "own quote_ident after pg_catalog": (
+        ["CREATE SCHEMA s35late", "CREATE SCHEMA s35empty",
+         "CREATE FUNCTION s35late.quote_ident(name) RETURNS text LANGUAGE sql AS $$SELECT"
+         " CASE WHEN $1 = 's35late' THEN 's35empty' ELSE pg_catalog.quote_ident($1::text)"
+         " END$$",
+         "CREATE FUNCTION s35late.round(int) RETURNS int LANGUAGE sql IMMUTABLE"
+         " AS 'SELECT 2 * $1'"],
+        "public, s35late",
+        "SELECT g, sum(round(v)) FROM sm GROUP BY g HAVING sum(round(v)) > 150000 ORDER BY g"),
+}
+
+
+@pytest.mark.parametrize("case", list(_MISREPORTING))
+def test_a_session_whose_own_functions_would_misreport_its_search_path_gets_its_rows(
+        ldsn: str, db_dsn: str, case: str) -> None:
+    """The wrapping read the client's search path with unqualified functions, on that very
+    path: the client's own ``current_schemas`` (before pg_catalog), or its
+    ``quote_ident(name)`` (an exact match, found even after pg_catalog), told the proxy
+    another path, and the service connection checked and captured the query under other
+    functions than the client's backend then ran (found by a helper's regression search: 2
+    groups where PostgreSQL answers 100); and the library's check of the functions a path
+    may resolve to its own read the path with the client's ``current_schemas`` too, so a
+    sketch captured under the default path served the other. Every function the proxy calls
+    on the client's path is qualified."""
+    ddl, path, query = _MISREPORTING[case]
+    schemas = [d.split()[-1] for d in ddl if d.startswith("CREATE SCHEMA")]
+    with psycopg.connect(ldsn, autocommit=True) as c, \
+            psycopg.connect(db_dsn, autocommit=True) as d:
+        rounds_until_used(c, lambda: _same_rows_as(c, d, query))   # the default path's sketch
+        for statement in ddl:
+            d.execute(statement)
+    try:
+        with psycopg.connect(ldsn, autocommit=True) as c, \
+                psycopg.connect(db_dsn, autocommit=True) as d:
+            for conn in (c, d):
+                conn.execute(f"SET search_path = {path}")
+            assert len(d.execute(query).fetchall()) == 100   # the client's functions count
+            for _ in range(3):
+                _same_rows_as(c, d, query)
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as d:
+            d.execute(f"DROP SCHEMA {', '.join(schemas)} CASCADE")
+
+
 @contextlib.contextmanager
 def _library_proxy_behind(admin_dsn: str, start_proxy: StartProxy, marker: tuple[bytes, ...]
                           ) -> Iterator[tuple[PausingForwarder, ProxyProcess]]:
