@@ -83,11 +83,18 @@ def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
                  (str(xid),))
 
 
+def forget_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
+    """Undoes :func:`record_own_xid` (the transaction wrote user data after all:
+    :func:`freshness.wrote_user_data`)."""
+    conn.execute("DELETE FROM imp.own_xacts WHERE xid = %s::text::xid8", (str(xid),))
+
+
 def record_if_writer(conn: psycopg.Connection[Any]) -> None:
     """:func:`record_own_xid` of the current transaction if it got an xid (it wrote
-    something); one without an xid commits nothing another snapshot could see."""
+    something) and wrote no user data; one without an xid commits nothing another snapshot
+    could see."""
     xid = freshness.assigned_xid(conn)
-    if xid is not None:
+    if xid is not None and not freshness.wrote_user_data(conn):
         record_own_xid(conn, xid)
 
 
@@ -130,14 +137,21 @@ def save_partition(conn: psycopg.Connection[Any], p: RangePartition) -> RangePar
 
 
 def _partition_from_row(conn: psycopg.Connection[Any], row: Sequence[Any]) -> RangePartition:
-    pid, schema, table, column, type_name, literals, array_literal, version = row
+    """A partition saved by this or an earlier version: one that named a domain (before
+    :data:`sketches.ranges.CAST_TYPE`) is read as of its base type, as built now."""
+    pid, schema, table, column, type_name, literals, array_literal, version, base = row
+    if base is not None:
+        type_name = base
     return RangePartition(schema, table, column, type_name,
                           _load_bounds(conn, type_name, array_literal), tuple(literals),
                           array_literal, int(pid), int(version))
 
 
 _PARTITION_COLUMNS = ("SELECT id, schema_name, table_name, column_name, type_name, bounds,"
-                      " bounds_literal, version FROM imp.range_partitions")
+                      " bounds_literal, version, (SELECT pg_catalog.format_type(y.typbasetype,"
+                      " y.typtypmod) FROM pg_catalog.pg_type AS y"
+                      " WHERE y.oid = pg_catalog.to_regtype(type_name)"
+                      " AND y.typtype = 'd') FROM imp.range_partitions")
 
 
 def latest_partition(conn: psycopg.Connection[Any], schema: str, table: str,

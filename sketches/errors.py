@@ -31,6 +31,12 @@ class NotSketchable(SketchError):
     """The query is supported but no attribute is provably safe (DESIGN §4)."""
 
 
+class SelfWritten(SketchError):
+    """The manager's own transaction wrote rows of the query's tables (a user's event
+    trigger, fired by the manager's DDL): a capture in it would see rows the client's
+    snapshot does not hold."""
+
+
 class PartitionError(SketchError):
     """A range partition could not be built (unknown table/column, unsupported type)."""
 

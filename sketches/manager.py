@@ -53,6 +53,7 @@ from sketches.errors import (
     CatalogBusy,
     Interrupted,
     PartitionError,
+    SelfWritten,
     SketchError,
     TemplateBusy,
     UnsupportedQuery,
@@ -1057,6 +1058,9 @@ class SketchManager(IncrementalMaintenance):
         schemas = _schemas(analysis, names) if names else ()
         analysis = analysis.with_schemas(schemas)
         targets = self._targets(conn, analysis, safety)
+        if freshness.wrote_tables(conn, relations):
+            raise SelfWritten("an event trigger fired by the proxy's own DDL wrote to the"
+                              " query's tables in the capture's transaction")
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn),
                        relations=relations, strategy=strategy, schemas=schemas)
@@ -1356,7 +1360,17 @@ class SketchManager(IncrementalMaintenance):
         return forgotten
 
     def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
+        """Records this transaction as a catalog-only one (``sketches.freshness``), or
+        forgets it again once a user's event trigger wrote rows in it."""
         xid = freshness.current_xid(conn)
+        if freshness.wrote_user_data(conn):
+            log.warning("an event trigger wrote rows in the proxy's own transaction %d: it"
+                        " counts as a change of the data", xid)
+            if self.settings.persist:
+                catalog.forget_own_xid(conn, xid)
+            with self._lock:
+                self._own_xids.discard(xid)
+            return
         if self.settings.persist:
             catalog.record_own_xid(conn, xid)
         with self._lock:

@@ -55,7 +55,8 @@ class RangePartition:
     ``bounds`` are the typed Python values (as psycopg returns them), ``literals`` their
     PostgreSQL text output (which casts back to exactly the same value), ``array_literal`` the
     PostgreSQL array literal of all bounds, ``type_name`` the column's type as printed by
-    ``format_type`` (the bounds array is cast to ``type_name[]``). ``id`` is the catalog id
+    ``format_type``, a domain's base type for a domain (:data:`CAST_TYPE`; the bounds array
+    is cast to ``type_name[]``). ``id`` is the catalog id
     (``None`` until persisted); ``version`` increases whenever the partition of this column is
     rebuilt.
     """
@@ -137,6 +138,7 @@ class ColumnInfo:
     table: str
     column: str
     type_name: str
+    """What its bounds are cast to (:data:`CAST_TYPE`)."""
     not_null: bool
     stats_target: int
     value_type: str = ""
@@ -146,11 +148,22 @@ class ColumnInfo:
     ``character(1)[]``, which cut every bound to its first character."""
 
 
+CAST_TYPE = ("CASE WHEN y.typtype = 'd' THEN format_type(y.typbasetype, y.typtypmod)"
+             " ELSE format_type(a.atttypid, a.atttypmod) END")
+"""SQL (over ``pg_attribute a`` and the column's ``pg_type y``): the type a column's bounds
+are cast to — its own, or a domain's base type with the domain's modifier. Why not the
+domain: a cast to it runs the domain's CHECK constraints, which reading the column never
+does, so the instrumented query could raise in the client's session what the client's
+own query cannot (found: a CHECK reading a setting of the session, or calling a function
+replaced since the service connection cached it, raised 23514 where PostgreSQL returned
+the rows). The comparisons and ``width_bucket`` take the base type's operators either way."""
+
+
 def column_info(conn: psycopg.Connection[Any], schema: str, table: str,
                 column: str) -> ColumnInfo:
     """Type and statistics target of ``schema.table.column``; raises PartitionError if absent."""
     row = conn.execute(
-        "SELECT format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attstattarget,"
+        "SELECT " + CAST_TYPE + ", a.attnotnull, a.attstattarget,"
         " coalesce(co.collisdeterministic, true),"
         " CASE WHEN b.oid = 'bpchar'::regtype THEN 'bpchar'"
         " WHEN b.oid < 16384 THEN format_type(b.oid, NULL) ELSE '' END"

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 
-from sketches.freshness import changed_since, current_snapshot, current_xid
+from sketches.freshness import (
+    changed_since,
+    current_snapshot,
+    current_xid,
+    wrote_tables,
+    wrote_user_data,
+)
 
 
 def test_unchanged_then_changed_by_a_commit(db_dsn: str) -> None:
@@ -68,3 +76,42 @@ def test_horizon_bounds_the_check(db_dsn: str) -> None:
             other.rollback()
         assert not changed_since(conn, v, ())
         assert changed_since(conn, v, (), horizon=1)
+
+
+def test_rows_an_event_trigger_writes_in_the_managers_ddl_are_seen(fresh_db: Any) -> None:
+    """A user's event trigger logging DDL into a table writes user rows in the manager's own
+    DDL transactions (``ALTER TABLE … SET STATISTICS``): such a transaction is no
+    catalog-only one, and a capture in it must not read the logged table. Rows of the
+    manager's temporary tables and of schema imp are its own."""
+    with psycopg.connect(fresh_db(), autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA imp")
+        conn.execute("CREATE TABLE imp.mine (a int)")
+        conn.execute("CREATE TABLE ddl_log (obj text)")
+        conn.execute("CREATE TABLE other (a int)")
+        log_id, other_id = (conn.execute(f"SELECT '{t}'::regclass::oid::int").fetchone()[0]
+                            for t in ("ddl_log", "other"))
+        conn.execute("CREATE FUNCTION log_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$"
+                     " BEGIN INSERT INTO ddl_log SELECT object_identity"
+                     " FROM pg_event_trigger_ddl_commands(); END $$")
+
+        def alter_in_a_transaction() -> tuple[bool, bool, bool]:
+            with conn.transaction(force_rollback=True):
+                conn.execute("CREATE TEMP TABLE scratch (a int)")
+                conn.execute("INSERT INTO scratch VALUES (1)")
+                conn.execute("INSERT INTO imp.mine VALUES (1)")
+                conn.execute("ALTER TABLE other ALTER COLUMN a SET STATISTICS 500")
+                return (wrote_user_data(conn), wrote_tables(conn, [log_id]),
+                        wrote_tables(conn, [other_id]))
+
+        assert alter_in_a_transaction() == (False, False, False)
+        conn.execute("CREATE EVENT TRIGGER log_ddl ON ddl_command_end"
+                     " EXECUTE FUNCTION log_ddl()")
+        try:
+            assert alter_in_a_transaction() == (True, True, False)
+            conn.execute("CREATE TABLE log_child () INHERITS (ddl_log)")
+            conn.execute("CREATE OR REPLACE FUNCTION log_ddl() RETURNS event_trigger"
+                         " LANGUAGE plpgsql AS $$ BEGIN INSERT INTO log_child"
+                         " SELECT object_identity FROM pg_event_trigger_ddl_commands(); END $$")
+            assert alter_in_a_transaction() == (True, True, False)   # through a child
+        finally:
+            conn.execute("DROP EVENT TRIGGER log_ddl")
