@@ -46,6 +46,7 @@ def ensure_installed(conn: psycopg.Connection[Any], lock_wait: str | None = None
     ``lock_wait``: the install's ``lock_timeout``, the one in force put back after it."""
     if is_installed(conn):
         return False
+    freshness.note_ddl(conn)
     if lock_wait is None:
         pg_extensions.install(conn)
         return True
@@ -73,6 +74,8 @@ def claim_identity(conn: psycopg.Connection[Any], installed: bool = True) -> boo
         if not (row and row[0]):
             return False
     row = conn.execute("SELECT imp.claim_identity()").fetchone()
+    if row and row[0]:
+        freshness.note_ddl(conn)   # it dropped the foreign schema's triggers and tables
     return bool(row and row[0])
 
 
@@ -84,17 +87,17 @@ def record_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
 
 
 def forget_own_xid(conn: psycopg.Connection[Any], xid: int) -> None:
-    """Undoes :func:`record_own_xid` (the transaction wrote user data after all:
-    :func:`freshness.wrote_user_data`)."""
+    """Undoes :func:`record_own_xid` (the transaction may have changed user data after all:
+    :func:`freshness.user_triggers_ran`)."""
     conn.execute("DELETE FROM imp.own_xacts WHERE xid = %s::text::xid8", (str(xid),))
 
 
 def record_if_writer(conn: psycopg.Connection[Any]) -> None:
     """:func:`record_own_xid` of the current transaction if it got an xid (it wrote
-    something) and wrote no user data; one without an xid commits nothing another snapshot
-    could see."""
+    something) and no user's event trigger may have changed user data in it; one without an
+    xid commits nothing another snapshot could see."""
     xid = freshness.assigned_xid(conn)
-    if xid is not None and not freshness.wrote_user_data(conn):
+    if xid is not None and not freshness.user_triggers_ran(conn):
         record_own_xid(conn, xid)
 
 

@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from sketches import pipelined
+from sketches import freshness, pipelined
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,7 @@ def ensure_tracked(conn: psycopg.Connection[Any], table: str) -> TableInfo:
     """Starts tracking ``table`` (``imp.track_table``). Run it in its own transaction and
     commit before taking the snapshot that builds state: only then does that snapshot see
     every write the triggers missed (CREATE TRIGGER waits for the table's running writers)."""
+    freshness.note_ddl(conn)
     conn.execute("SELECT imp.track_table(to_regclass(%s))", (table,))
     return table_info(conn, table)
 

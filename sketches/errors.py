@@ -32,8 +32,8 @@ class NotSketchable(SketchError):
 
 
 class SelfWritten(SketchError):
-    """The manager's own transaction wrote rows of the query's tables (a user's event
-    trigger, fired by the manager's DDL): a capture in it would see rows the client's
+    """The manager's own DDL in the capture's transaction fired a user's event trigger,
+    which may have changed the query's tables: a capture in it would see rows the client's
     snapshot does not hold."""
 
 

@@ -54,53 +54,45 @@ def changed_since(conn: psycopg.Connection[Any], version: str, own_xids: Collect
     return changed
 
 
+DDL_FLAG = "imp.manager_ddl"
+"""A transaction-local setting the manager turns on before it runs DDL (:func:`note_ddl`)."""
+
 _USER_EVENT_TRIGGERS = (
     "EXISTS (SELECT FROM pg_catalog.pg_event_trigger AS e"
     " JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) e.evtfoid"
     " JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace"
-    " WHERE e.evtenabled OPERATOR(pg_catalog.<>) 'D'"
-    " AND n.nspname OPERATOR(pg_catalog.<>) 'imp')")
-"""SQL: an enabled event trigger other than schema imp's own (whose functions live there)."""
+    " WHERE n.nspname OPERATOR(pg_catalog.<>) 'imp' AND CASE e.evtenabled"
+    " WHEN 'A' THEN true"
+    " WHEN 'O' THEN pg_catalog.current_setting('session_replication_role')"
+    " OPERATOR(pg_catalog.<>) 'replica'"
+    " WHEN 'R' THEN pg_catalog.current_setting('session_replication_role')"
+    " OPERATOR(pg_catalog.=) 'replica' ELSE false END)")
+"""SQL: an event trigger other than schema imp's own (whose functions live there) fires in
+this session."""
 
-_UNCOUNTED = ("(NOT pg_catalog.current_setting('track_counts')::pg_catalog.bool AND "
-              + _USER_EVENT_TRIGGERS + ")")
-"""SQL: this transaction's row counts are not kept, and a user's event trigger may have
-written rows in it: it may have written to any table."""
-
-_WROTE_USER_DATA = (
-    "SELECT " + _USER_EVENT_TRIGGERS + " AND (" + _UNCOUNTED + " OR EXISTS ("
-    "SELECT FROM pg_catalog.pg_stat_xact_user_tables AS t"
-    " WHERE t.schemaname OPERATOR(pg_catalog.<>) 'imp'"
-    " AND t.schemaname OPERATOR(pg_catalog.!~~) 'pg\\_temp\\_%'"
-    " AND t.n_tup_ins + t.n_tup_upd + t.n_tup_del > 0))")
-
-_WROTE_TABLES = (
-    "WITH RECURSIVE tree(relid) AS ("
-    "SELECT pg_catalog.unnest(%s::pg_catalog.oid[]) UNION SELECT i.inhrelid"
-    " FROM pg_catalog.pg_inherits AS i JOIN tree ON i.inhparent OPERATOR(pg_catalog.=) tree.relid)"
-    " SELECT " + _UNCOUNTED + " OR EXISTS (SELECT FROM tree"
-    " WHERE pg_catalog.pg_stat_get_xact_tuples_inserted(relid)"
-    " + pg_catalog.pg_stat_get_xact_tuples_updated(relid)"
-    " + pg_catalog.pg_stat_get_xact_tuples_deleted(relid) > 0)")
+_RAN_DDL = ("SELECT pg_catalog.current_setting('" + DDL_FLAG + "', true)"
+            " OPERATOR(pg_catalog.=) 'on' AND " + _USER_EVENT_TRIGGERS)
 
 
-def wrote_user_data(conn: psycopg.Connection[Any]) -> bool:
-    """Did the current transaction of the manager write rows outside schema imp (and its own
-    temporary tables)? Only a user's event trigger, fired by the manager's DDL (the install,
-    an ``ALTER TABLE … SET STATISTICS``, tracking), can make it: such a transaction is no
-    catalog-only one (found: an event trigger keeping a DDL log). Cheap without user event
-    triggers (none: False, nothing else read)."""
-    row = conn.execute(_WROTE_USER_DATA).fetchone()
-    return row is not None and bool(row[0])
+def note_ddl(conn: psycopg.Connection[Any]) -> None:
+    """Marks the current transaction as one in which the manager runs DDL (call it first).
+    Transaction-local: a rollback takes it back with the DDL."""
+    conn.execute("SELECT pg_catalog.set_config(%s, 'on', true)", (DDL_FLAG,))
 
 
-def wrote_tables(conn: psycopg.Connection[Any], relids: Collection[int]) -> bool:
-    """Did the current transaction write rows of ``relids`` or their inheritance children?
-    A transaction sees its own writes whatever its snapshot: a capture after such a write
-    would describe rows the client's snapshot does not hold (found: a user's event trigger,
-    fired by the manager's ``ALTER TABLE … SET STATISTICS``, wrote to the queried table, and
-    the first answer was built from those rows)."""
-    row = conn.execute(_WROTE_TABLES, (sorted(relids),)).fetchone()
+def user_triggers_ran(conn: psycopg.Connection[Any]) -> bool:
+    """May a user's event trigger have changed data in the current transaction? True when
+    the manager ran DDL in it (:func:`note_ddl`: the install, an ``ALTER TABLE … SET
+    STATISTICS``, tracking) while a user's event trigger fires in this session.
+
+    Why it matters: a transaction sees its own writes whatever its snapshot, so a capture
+    after such a write describes rows the client's snapshot does not hold (found: an event
+    trigger keeping a DDL log wrote the capture's own ``ALTER TABLE`` into the queried log,
+    and the first answer was built from it); and such a transaction is no catalog-only one
+    for the freshness rule. Why not the transaction's row counts: a TRUNCATE resets them,
+    DETACH or DROP PARTITION writes none (found: a partition emptied so), and on PostgreSQL
+    15 they still hold counts of the backend's earlier transactions for up to a second."""
+    row = conn.execute(_RAN_DDL).fetchone()
     return row is not None and bool(row[0])
 
 

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 import pg_extensions
-from sketches import catalog, deltas
+from sketches import catalog, deltas, freshness
 from sketches.deltas import Snapshot
 from sketches.ivm import partials
 from sketches.ivm.errors import NotMaintainable
@@ -385,6 +385,7 @@ def track(conn: Conn, rels: Iterable[str], settings: SessionSettings,
     with conn.transaction():
         settings.apply(conn)
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
+        freshness.note_ddl(conn)
         for rel in rels:
             conn.execute("SELECT imp.track_table(to_regclass(%s))", (rel,))
         catalog.record_if_writer(conn)

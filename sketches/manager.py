@@ -1058,9 +1058,9 @@ class SketchManager(IncrementalMaintenance):
         schemas = _schemas(analysis, names) if names else ()
         analysis = analysis.with_schemas(schemas)
         targets = self._targets(conn, analysis, safety)
-        if freshness.wrote_tables(conn, relations):
-            raise SelfWritten("an event trigger fired by the proxy's own DDL wrote to the"
-                              " query's tables in the capture's transaction")
+        if freshness.user_triggers_ran(conn):
+            raise SelfWritten("the proxy's own DDL in the capture's transaction fired a user's"
+                              " event trigger, which may have changed the query's tables")
         entry = _Entry(Sketch(None, template, sql, params, (), ""), instance(sql, params),
                        analysis=analysis, session=incremental.SessionSettings.read(conn),
                        relations=relations, strategy=strategy, schemas=schemas)
@@ -1361,11 +1361,11 @@ class SketchManager(IncrementalMaintenance):
 
     def _remember_own_xid(self, conn: psycopg.Connection[Any]) -> None:
         """Records this transaction as a catalog-only one (``sketches.freshness``), or
-        forgets it again once a user's event trigger wrote rows in it."""
+        forgets it again once the manager's DDL in it fired a user's event trigger."""
         xid = freshness.current_xid(conn)
-        if freshness.wrote_user_data(conn):
-            log.warning("an event trigger wrote rows in the proxy's own transaction %d: it"
-                        " counts as a change of the data", xid)
+        if freshness.user_triggers_ran(conn):
+            log.info("a user's event trigger fired on the proxy's own DDL in transaction"
+                     " %d: it counts as a change of the data", xid)
             if self.settings.persist:
                 catalog.forget_own_xid(conn, xid)
             with self._lock:

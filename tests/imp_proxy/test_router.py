@@ -22,7 +22,8 @@ _WORDS = ["SELECT", "select", "SeLeCt", "with", "(", "group", "GROUP", "By", "OR
 
 def reference(sql: bytes) -> bool:
     """The gate as first written: case-insensitive patterns on the text as it is."""
-    if not re.match(rb"\A\s*(?:select|with|\()", sql, re.IGNORECASE):
+    if not re.match(rb"\A(?:\s|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*(?:select|with|\()", sql,
+                    re.IGNORECASE | re.DOTALL):
         return False
     body = sql.rstrip().rstrip(b";")
     if b";" in body:
@@ -52,6 +53,12 @@ def test_prefilter_examples() -> None:
     assert not prefilter(b"SELECT * FROM orders")            # a keyword inside a word
     assert not prefilter(b"SELECT 1; SELECT a FROM t GROUP BY a")
     assert not prefilter(b"UPDATE t SET a = 1 WHERE a IN (SELECT a FROM u GROUP BY a)")
+    assert prefilter(b"/* app */ SELECT g FROM t GROUP BY g")
+    assert prefilter(b"-- report\n  -- by group\nselect g from t group by g")
+    assert prefilter(b"/* a\n b */\n/**/(SELECT g FROM t GROUP BY g)")
+    assert not prefilter(b"/* never closed SELECT g FROM t GROUP BY g")
+    assert not prefilter(b"-- SELECT g FROM t GROUP BY g")
+    assert not prefilter(b"/* x */ UPDATE t SET g = 1 WHERE g IN (SELECT g FROM t GROUP BY g)")
 
 
 def test_a_service_cancel_interrupts_the_prepare_it_is_attached_to(db_dsn: str) -> None:

@@ -322,6 +322,22 @@ def test_an_event_trigger_writing_the_queried_table_on_the_proxys_ddl_is_not_rea
             d.execute("DROP EVENT TRIGGER log_ddl")
 
 
+@pytest.mark.parametrize("comment", ["/* report: groups */ ", "-- report\n-- by group\n",
+                                     "/* outer /* nested */ still outer */\n"])
+def test_a_query_after_a_comment_is_sketched(ldsn: str, db_dsn: str, comment: str) -> None:
+    """Found (a helper's search of wide values, session 36): a query that began with a
+    comment always passed through — the relay's lexical gate wanted SELECT first — while
+    ``IMP EXPLAIN`` said it would be captured. The gate skips comments now."""
+    q = comment + HAVING.replace("1000000", "1000001")
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        rounds_until_used(c, lambda: _same_rows_as(c, d, q))
+        assert dict(c.execute("IMP EXPLAIN " + q).fetchall())["decision"] == "use"
+        d.execute("UPDATE sm SET v = v WHERE id % 50 = 7")   # maintained, values kept
+        for _ in range(2):
+            _same_rows_as(c, d, q)
+
+
 @pytest.mark.parametrize(("table", "query", "write"), [
     ("i2_having", "SELECT g, count(*) FROM i2_having GROUP BY g HAVING max(s) * %s < 0",
      "UPDATE i2_having SET s = 20000 WHERE id = 23"),

@@ -10,8 +10,8 @@ from sketches.freshness import (
     changed_since,
     current_snapshot,
     current_xid,
-    wrote_tables,
-    wrote_user_data,
+    note_ddl,
+    user_triggers_ran,
 )
 
 
@@ -78,40 +78,43 @@ def test_horizon_bounds_the_check(db_dsn: str) -> None:
         assert changed_since(conn, v, (), horizon=1)
 
 
-def test_rows_an_event_trigger_writes_in_the_managers_ddl_are_seen(fresh_db: Any) -> None:
-    """A user's event trigger logging DDL into a table writes user rows in the manager's own
-    DDL transactions (``ALTER TABLE … SET STATISTICS``): such a transaction is no
-    catalog-only one, and a capture in it must not read the logged table. Rows of the
-    manager's temporary tables and of schema imp are its own."""
-    with psycopg.connect(fresh_db(), autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA imp")
-        conn.execute("CREATE TABLE imp.mine (a int)")
-        conn.execute("CREATE TABLE ddl_log (obj text)")
+def test_the_managers_ddl_under_a_user_event_trigger_counts_as_a_change(fresh_db: Any) -> None:
+    """A user's event trigger fires on the manager's own DDL (``note_ddl`` flags it): one
+    keeping a DDL log wrote the capture's ``ALTER TABLE`` into the queried log (found by a
+    helper's search of indirect writes, session 36); one that TRUNCATEs a partition or
+    detaches it changes data no row count shows (found by the regression search of that
+    fix). Such a transaction may have changed anything. Without the manager's DDL, or
+    without a user's event trigger that fires in this session, it changed nothing."""
+    dsn = fresh_db()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pt (id int, v int) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE pt1 PARTITION OF pt FOR VALUES FROM (0) TO (10)")
+        conn.execute("INSERT INTO pt VALUES (1, 1), (2, 2)")
         conn.execute("CREATE TABLE other (a int)")
-        log_id, other_id = (conn.execute(f"SELECT '{t}'::regclass::oid::int").fetchone()[0]
-                            for t in ("ddl_log", "other"))
-        conn.execute("CREATE FUNCTION log_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$"
-                     " BEGIN INSERT INTO ddl_log SELECT object_identity"
-                     " FROM pg_event_trigger_ddl_commands(); END $$")
+        conn.execute("CREATE FUNCTION empty_pt() RETURNS event_trigger LANGUAGE plpgsql AS $$"
+                     " BEGIN TRUNCATE pt1; END $$")
 
-        def alter_in_a_transaction() -> tuple[bool, bool, bool]:
+        def alter(flagged: bool) -> tuple[int, bool]:
             with conn.transaction(force_rollback=True):
-                conn.execute("CREATE TEMP TABLE scratch (a int)")
-                conn.execute("INSERT INTO scratch VALUES (1)")
-                conn.execute("INSERT INTO imp.mine VALUES (1)")
+                if flagged:
+                    note_ddl(conn)
                 conn.execute("ALTER TABLE other ALTER COLUMN a SET STATISTICS 500")
-                return (wrote_user_data(conn), wrote_tables(conn, [log_id]),
-                        wrote_tables(conn, [other_id]))
+                rows = conn.execute("SELECT count(*) FROM pt").fetchone()
+                assert rows is not None
+                return rows[0], user_triggers_ran(conn)
 
-        assert alter_in_a_transaction() == (False, False, False)
-        conn.execute("CREATE EVENT TRIGGER log_ddl ON ddl_command_end"
-                     " EXECUTE FUNCTION log_ddl()")
+        assert alter(True) == (2, False)   # no user event trigger
+        conn.execute("CREATE EVENT TRIGGER empty_pt ON ddl_command_end WHEN TAG IN"
+                     " ('ALTER TABLE') EXECUTE FUNCTION empty_pt()")
         try:
-            assert alter_in_a_transaction() == (True, True, False)
-            conn.execute("CREATE TABLE log_child () INHERITS (ddl_log)")
-            conn.execute("CREATE OR REPLACE FUNCTION log_ddl() RETURNS event_trigger"
-                         " LANGUAGE plpgsql AS $$ BEGIN INSERT INTO log_child"
-                         " SELECT object_identity FROM pg_event_trigger_ddl_commands(); END $$")
-            assert alter_in_a_transaction() == (True, True, False)   # through a child
+            assert alter(True) == (0, True)
+            assert alter(False) == (0, False)   # DDL the manager did not run
+            with conn.transaction(force_rollback=True):
+                note_ddl(conn)
+            assert alter(False) == (0, False)   # the flag ended with its transaction
+            conn.execute("ALTER EVENT TRIGGER empty_pt ENABLE REPLICA")   # not in origin
+            assert alter(True) == (2, False)
+            conn.execute("ALTER EVENT TRIGGER empty_pt ENABLE ALWAYS")
+            assert alter(True) == (0, True)
         finally:
-            conn.execute("DROP EVENT TRIGGER log_ddl")
+            conn.execute("DROP EVENT TRIGGER empty_pt")

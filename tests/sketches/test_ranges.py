@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from sketches.errors import PartitionError
-from sketches.ranges import RangePartition, UnorderedType, build_partition, thin
+from sketches.ranges import MAX_BOUND_BYTES, RangePartition, UnorderedType, build_partition, thin
 
 FAST = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -343,3 +343,22 @@ def test_blank_padded_bounds_keep_every_character(conn: psycopg.Connection[Any])
     rows = conn.execute(sql.SQL("SELECT a, {} FROM padded").format(
         p.fragment_sql(sql.Identifier("a")))).fetchall()
     assert all(p.fragment_of(v) == f for v, f in rows)
+
+
+def test_bounds_are_never_wider_than_analyzes_own_limit(conn: psycopg.Connection[Any]) -> None:
+    """Values over 1 kB are not in a column's statistics, and the exact quantiles taken
+    instead were whole 100 kB values (found: a 30 MB bounds list, 9 MB instrumented
+    queries, 11 s and about 1 GB for a first query). Bounds are at most
+    ``MAX_BOUND_BYTES`` wide; a column of wide values only has none (one fragment: no
+    sketch on it can skip anything)."""
+    conn.execute("CREATE TABLE wide AS SELECT i AS id, CASE WHEN i % 3 = 0"
+                 " THEN 'k' || lpad((i % 40)::text, 2, '0')"
+                 " ELSE repeat(md5((i % 200)::text), 64) END AS k,"
+                 " repeat(md5((i % 90)::text), 64) AS only_wide"
+                 " FROM generate_series(1, 3000) AS i")
+    p = build_partition(conn, "public", "wide", "k", fragments=16)
+    assert p.n >= 2 and all(len(b.encode()) <= MAX_BOUND_BYTES for b in p.bounds), p.bounds
+    rows = conn.execute(sql.SQL("SELECT k, {} FROM wide").format(
+        p.fragment_sql(sql.Identifier("k")))).fetchall()
+    assert all(p.fragment_of(v) == f for v, f in rows)
+    assert build_partition(conn, "public", "wide", "only_wide", fragments=16).n == 0
