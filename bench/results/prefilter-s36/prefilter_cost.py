@@ -43,7 +43,7 @@ def main() -> None:
         best = {"before": float("inf"), "after": float("inf")}
         for _ in range(7):
             for label, fn in (("before", before), ("after", prefilter)):
-                t = timeit.timeit(lambda fn=fn: fn(text), number=n) / n * 1e9
+                t = timeit.timeit(lambda fn=fn, text=text: fn(text), number=n) / n * 1e9
                 best[label] = min(best[label], t)
         print(f"| {name} ({before(text)} → {prefilter(text)}) | {best['before']:.0f}"
               f" | {best['after']:.0f} | {best['after'] / best['before']:.2f} |")
