@@ -21,6 +21,17 @@ ALTER TABLE imp.tracked_tables ADD COLUMN IF NOT EXISTS filenode oid;
 -- live columns as they were, yet every v changed (found: a maintained sketch kept its groups).
 ALTER TABLE imp.tracked_tables ADD COLUMN IF NOT EXISTS natts int2;
 
+-- A random token only schema imp's owner can read: imp._audit_always sets `imp.retracking` to it
+-- for its own ALTER TABLE, which imp._ddl_end then leaves alone. Why not a fixed value: any
+-- client could SET imp.retracking = on and switch the DDL guard off for its own ALTER TABLE
+-- (found: an ALTER COLUMN TYPE … USING that changed values went unseen, and a maintained
+-- sketch answered without a group, for every role).
+CREATE TABLE IF NOT EXISTS imp.guard_token (token text NOT NULL);
+REVOKE ALL ON imp.guard_token FROM PUBLIC;
+INSERT INTO imp.guard_token (token)
+SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text)
+WHERE NOT EXISTS (SELECT FROM imp.guard_token);
+
 -- Epochs come from one sequence: every tracking lifetime and every bump gets a value never used
 -- before, so a table untracked (e.g. its audit table dropped by hand) and tracked again can never
 -- show a state built under the old tracking the epoch it was built under (with a per-row counter
@@ -300,10 +311,11 @@ BEGIN
     INTO subcommands
     FROM pg_trigger WHERE tgrelid = rel AND tgname LIKE 'imp\_audit\_%' AND tgenabled <> 'A';
     IF subcommands IS NOT NULL THEN
-        -- this ALTER TABLE ends in imp._ddl_end: the setting tells it the change is ours
-        PERFORM set_config('imp.retracking', 'on', true);
+        -- this ALTER TABLE ends in imp._ddl_end: the token tells it the change is ours
+        PERFORM set_config('imp.retracking', (SELECT g.token FROM imp.guard_token g LIMIT 1),
+                           true);
         EXECUTE format('ALTER TABLE %s %s', rel, subcommands);
-        PERFORM set_config('imp.retracking', 'off', true);
+        PERFORM set_config('imp.retracking', '', true);
     END IF;
 END $$;
 REVOKE ALL ON FUNCTION imp._audit_always(regclass) FROM PUBLIC;
@@ -493,7 +505,8 @@ CREATE OR REPLACE FUNCTION imp._ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE rel oid;
 BEGIN
-    IF current_setting('imp.retracking', true) = 'on' THEN
+    IF current_setting('imp.retracking', true)
+       = (SELECT g.token FROM imp.guard_token g LIMIT 1) THEN
         RETURN;
     END IF;
     FOR rel IN

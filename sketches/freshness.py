@@ -70,20 +70,30 @@ _USER_EVENT_TRIGGERS = (
 """SQL: an event trigger other than schema imp's own (whose functions live there) fires in
 this session."""
 
-_RAN_DDL = ("SELECT pg_catalog.current_setting('" + DDL_FLAG + "', true)"
-            " OPERATOR(pg_catalog.=) 'on' AND " + _USER_EVENT_TRIGGERS)
+_FLAG = "pg_catalog.current_setting('" + DDL_FLAG + "', true)"
+
+_NOTE_DDL = ("SELECT pg_catalog.set_config('" + DDL_FLAG + "', CASE WHEN " + _FLAG
+             + " OPERATOR(pg_catalog.=) 'fired' OR " + _USER_EVENT_TRIGGERS
+             + " THEN 'fired' ELSE 'on' END, true)")
+
+_RAN_DDL = ("SELECT " + _FLAG + " OPERATOR(pg_catalog.=) 'fired' OR " + _FLAG
+            + " OPERATOR(pg_catalog.=) 'on' AND " + _USER_EVENT_TRIGGERS)
 
 
 def note_ddl(conn: psycopg.Connection[Any]) -> None:
-    """Marks the current transaction as one in which the manager runs DDL (call it first).
-    Transaction-local: a rollback takes it back with the DDL."""
-    conn.execute("SELECT pg_catalog.set_config(%s, 'on', true)", (DDL_FLAG,))
+    """Marks the current transaction as one in which the manager runs DDL (call it first):
+    ``fired`` when a user's event trigger fires in this session now, else ``on``; never
+    back from ``fired``. Why now too: a trigger may disable or drop itself (or be dropped)
+    before :func:`user_triggers_ran` looks (found: a one-shot trigger changed the queried
+    rows and disabled itself). Transaction-local: a rollback takes it back with the DDL."""
+    conn.execute(_NOTE_DDL)
 
 
 def user_triggers_ran(conn: psycopg.Connection[Any]) -> bool:
     """May a user's event trigger have changed data in the current transaction? True when
     the manager ran DDL in it (:func:`note_ddl`: the install, an ``ALTER TABLE … SET
-    STATISTICS``, tracking) while a user's event trigger fires in this session.
+    STATISTICS``, tracking) while a user's event trigger fired in this session, before that
+    DDL or now.
 
     Why it matters: a transaction sees its own writes whatever its snapshot, so a capture
     after such a write describes rows the client's snapshot does not hold (found: an event

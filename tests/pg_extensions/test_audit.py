@@ -627,3 +627,31 @@ def test_old_values_in_the_audit_never_fail_a_domains_new_constraint(conn: Conn,
         " WHERE a.attrelid = %s::regclass AND a.attname IN ('v', 'c') ORDER BY a.attname",
         (audit,)).fetchall()
     assert columns == [("c", "character varying(5)", "POSIX"), ("v", "integer", None)]
+
+
+@pytest.mark.parametrize("value", ["on", "off", ""])
+def test_a_client_cannot_switch_the_ddl_guard_off(conn: Conn, tracked: str, value: str) -> None:
+    """``imp._ddl_end`` leaves the ALTER TABLE of ``imp._audit_always`` alone, told so by the
+    setting ``imp.retracking``; it was ``on``, which any client could SET for its own ALTER
+    TABLE: a rewrite that changed values kept the epoch (found by a helper's regression
+    search, session 36: a maintained sketch then answered without a group, for every role).
+    The setting must now hold a token only schema imp's owner can read."""
+    insert_series(conn, tracked, 1, 3, "x")
+    before = epoch(conn, tracked)
+    conn.execute(sql.SQL("SET imp.retracking = {}").format(sql.Literal(value)))
+    try:
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN g TYPE bigint USING g * 1000")
+                     .format(sql.Identifier(tracked)))
+    finally:
+        conn.execute("RESET imp.retracking")
+    assert epoch(conn, tracked) != before
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE {role}")
+    try:
+        conn.execute("GRANT USAGE ON SCHEMA imp TO " + role)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {role}")
+            conn.execute("SELECT token FROM imp.guard_token")
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")

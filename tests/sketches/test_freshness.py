@@ -83,8 +83,10 @@ def test_the_managers_ddl_under_a_user_event_trigger_counts_as_a_change(fresh_db
     keeping a DDL log wrote the capture's ``ALTER TABLE`` into the queried log (found by a
     helper's search of indirect writes, session 36); one that TRUNCATEs a partition or
     detaches it changes data no row count shows (found by the regression search of that
-    fix). Such a transaction may have changed anything. Without the manager's DDL, or
-    without a user's event trigger that fires in this session, it changed nothing."""
+    fix), and one that then disables itself is gone when asked after the DDL (found by the
+    regression search of the second fix). Such a transaction may have changed anything.
+    Without the manager's DDL, or without a user's event trigger that fires in this
+    session, it changed nothing."""
     dsn = fresh_db()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE pt (id int, v int) PARTITION BY RANGE (id)")
@@ -116,5 +118,9 @@ def test_the_managers_ddl_under_a_user_event_trigger_counts_as_a_change(fresh_db
             assert alter(True) == (2, False)
             conn.execute("ALTER EVENT TRIGGER empty_pt ENABLE ALWAYS")
             assert alter(True) == (0, True)
+            conn.execute("CREATE OR REPLACE FUNCTION empty_pt() RETURNS event_trigger"
+                         " LANGUAGE plpgsql AS $$ BEGIN TRUNCATE pt1;"
+                         " ALTER EVENT TRIGGER empty_pt DISABLE; END $$")
+            assert alter(True) == (0, True)   # a one-shot trigger, gone when asked after
         finally:
             conn.execute("DROP EVENT TRIGGER empty_pt")
