@@ -69,6 +69,30 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Gives every column of audit table `audit` that has a domain type the domain's base type,
+-- modifier and collation (imp._audit_type). At creation (empty), and at install for audit
+-- tables an earlier version made (they kept the domain: ALTER DOMAIN failed on their old values,
+-- and imp._audit_current, which compares through imp._audit_type, re-tracked such a table at
+-- its next ALTER TABLE, a capture's SET STATISTICS included, behind its open writers).
+CREATE OR REPLACE FUNCTION imp._audit_base_types(audit regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE col record;
+BEGIN
+    FOR col IN
+        SELECT a.attname, format_type(b.base, b.basemod) AS typ,
+               (SELECT format(' COLLATE %I.%I', n.nspname, co.collname) FROM pg_collation co
+                JOIN pg_namespace n ON n.oid = co.collnamespace
+                WHERE co.oid = a.attcollation) AS coll
+        FROM pg_attribute a JOIN pg_type y ON y.oid = a.atttypid,
+             LATERAL imp._audit_type(a.atttypid, a.atttypmod) b
+        WHERE a.attrelid = audit AND a.attnum > 0 AND NOT a.attisdropped AND y.typtype = 'd'
+    LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s%s', audit, col.attname, col.typ,
+                       coalesce(col.coll, ''));
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION imp._audit_base_types(regclass) FROM PUBLIC;
+
 -- (Re)creates the audit table of a tracked table: same columns, types and collations as T (LIKE,
 -- a domain replaced by its base type: imp._audit_type), SELECT granted to exactly the roles
 -- holding SELECT on T. Internal; callers hold the row lock.
@@ -90,18 +114,7 @@ BEGIN
     audit := format('imp.%I', audit_name)::regclass;
     EXECUTE format('CREATE INDEX ON imp.%I (_xid)', audit_name);
     PERFORM imp._audit_table_trigger(rel, audit);
-    FOR grantee IN
-        SELECT a.attname, format_type(b.base, b.basemod) AS typ,
-               (SELECT format(' COLLATE %I.%I', n.nspname, co.collname) FROM pg_collation co
-                JOIN pg_namespace n ON n.oid = co.collnamespace
-                WHERE co.oid = a.attcollation) AS coll
-        FROM pg_attribute a JOIN pg_type y ON y.oid = a.atttypid,
-             LATERAL imp._audit_type(a.atttypid, a.atttypmod) b
-        WHERE a.attrelid = audit AND a.attnum > 0 AND NOT a.attisdropped AND y.typtype = 'd'
-    LOOP
-        EXECUTE format('ALTER TABLE imp.%I ALTER COLUMN %I TYPE %s%s', audit_name,
-                       grantee.attname, grantee.typ, coalesce(grantee.coll, ''));
-    END LOOP;
+    PERFORM imp._audit_base_types(audit);
     -- LIKE copies NOT NULL constraints: harmless (rows come from T), but drop them so a later
     -- relaxation of T's constraints can never make a trigger fail.
     FOR grantee IN
@@ -643,5 +656,21 @@ BEGIN
                           AND g.tgname = 'imp_audit_table_trunc')
     LOOP
         PERFORM imp._audit_table_trigger(t.relid::regclass, t.audit_table);
+    END LOOP;
+END $$;
+
+-- Audit tables an earlier version made with domain-typed columns get their base types now
+-- (imp._audit_base_types).
+DO $$
+DECLARE audit regclass;
+BEGIN
+    FOR audit IN
+        SELECT DISTINCT t.audit_table FROM imp.tracked_tables t
+        JOIN pg_attribute a ON a.attrelid = t.audit_table
+        JOIN pg_type y ON y.oid = a.atttypid
+        WHERE a.attnum > 0 AND NOT a.attisdropped AND y.typtype = 'd'
+          AND t.audit_table <> 'imp.tracked_tables'::regclass
+    LOOP
+        PERFORM imp._audit_base_types(audit);
     END LOOP;
 END $$;

@@ -139,10 +139,15 @@ def save_partition(conn: psycopg.Connection[Any], p: RangePartition) -> RangePar
     return p.with_id(int(row[0]), int(row[1]))
 
 
-def _partition_from_row(conn: psycopg.Connection[Any], row: Sequence[Any]) -> RangePartition:
+def _partition_from_row(conn: psycopg.Connection[Any],
+                        row: Sequence[Any]) -> RangePartition | None:
     """A partition saved by this or an earlier version: one that named a domain (before
-    :data:`sketches.ranges.CAST_TYPE`) is read as of its base type, as built now."""
-    pid, schema, table, column, type_name, literals, array_literal, version, base = row
+    :data:`sketches.ranges.CAST_TYPE`) is read as of its base type, as built now; None when
+    its type's name names no type any more (a domain renamed, moved or dropped since: found,
+    every query of the column then failed on loading it, for good)."""
+    pid, schema, table, column, type_name, literals, array_literal, version, base, gone = row
+    if gone:
+        return None
     if base is not None:
         type_name = base
     return RangePartition(schema, table, column, type_name,
@@ -154,7 +159,8 @@ _PARTITION_COLUMNS = ("SELECT id, schema_name, table_name, column_name, type_nam
                       " bounds_literal, version, (SELECT pg_catalog.format_type(y.typbasetype,"
                       " y.typtypmod) FROM pg_catalog.pg_type AS y"
                       " WHERE y.oid = pg_catalog.to_regtype(type_name)"
-                      " AND y.typtype = 'd') FROM imp.range_partitions")
+                      " AND y.typtype = 'd'), pg_catalog.to_regtype(type_name) IS NULL"
+                      " FROM imp.range_partitions")
 
 
 def latest_partition(conn: psycopg.Connection[Any], schema: str, table: str,

@@ -394,10 +394,14 @@ class SketchManager(IncrementalMaintenance):
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
                                         cls.template, settings_differ, stop, role, wrote)
         except BaseException as exc:
-            if isinstance(exc, psycopg.Error) and _partition_unseen(exc):
-                with self._lock:  # read from the catalog again next time
+            if isinstance(exc, psycopg.Error):
+                # read from the catalog again next time: another thread's partition this
+                # snapshot cannot see, or a column whose type changed under the cached one
+                # (found: width_bucket(text, integer[]) failed every query until a restart)
+                with self._lock:
                     self._partitions.clear()
-            elif isinstance(exc, psycopg.Error) and _catalog_gone(exc):
+            if isinstance(exc, psycopg.Error) and not _partition_unseen(exc) \
+                    and _catalog_gone(exc):
                 self._catalog_lost(exc)
             self.rolled_back()
             raise

@@ -338,6 +338,23 @@ def test_a_query_after_a_comment_is_sketched(ldsn: str, db_dsn: str, comment: st
             _same_rows_as(c, d, q)
 
 
+def test_a_column_whose_type_changed_is_sketched_again(ldsn: str, db_dsn: str) -> None:
+    """After ``ALTER COLUMN … TYPE`` to a type that does not compare with the old one, the
+    manager kept the old partition in memory: every query failed its preparation on
+    ``width_bucket(text, integer[])`` and passed through until a restart (found by a
+    helper's upgrade search, session 36). A failed preparation drops the cached partitions."""
+    q = "SELECT g, sum(v) FROM ct_change GROUP BY g HAVING sum(v) > 40000 ORDER BY g"
+    with psycopg.connect(db_dsn, autocommit=True) as d, \
+            psycopg.connect(ldsn, autocommit=True) as c:
+        _tracked(d, "ct_change", "id int PRIMARY KEY, g int NOT NULL, v int NOT NULL",
+                 "SELECT i, i % 40, CASE WHEN i % 40 = 7 THEN 500 ELSE 1 END"
+                 " FROM generate_series(1, 4000) i")
+        rounds_until_used(c, lambda: _same_rows_as(c, d, q))
+        d.execute("ALTER TABLE ct_change ALTER COLUMN g TYPE text USING 'k' || g")
+        d.execute("ANALYZE ct_change")
+        rounds_until_used(c, lambda: _same_rows_as(c, d, q))
+
+
 @pytest.mark.parametrize(("table", "query", "write"), [
     ("i2_having", "SELECT g, count(*) FROM i2_having GROUP BY g HAVING max(s) * %s < 0",
      "UPDATE i2_having SET s = 20000 WHERE id = 23"),
