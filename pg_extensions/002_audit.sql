@@ -660,16 +660,13 @@ BEGIN
 END $$;
 
 -- Audit tables an earlier version made with domain-typed columns get their base types now
--- (imp._audit_base_types).
+-- (imp._audit_base_types: nothing for a table without one).
 DO $$
 DECLARE audit regclass;
 BEGIN
     FOR audit IN
-        SELECT DISTINCT t.audit_table FROM imp.tracked_tables t
-        JOIN pg_attribute a ON a.attrelid = t.audit_table
-        JOIN pg_type y ON y.oid = a.atttypid
-        WHERE a.attnum > 0 AND NOT a.attisdropped AND y.typtype = 'd'
-          AND t.audit_table <> 'imp.tracked_tables'::regclass
+        SELECT t.audit_table FROM imp.tracked_tables t
+        WHERE t.audit_table <> 'imp.tracked_tables'::regclass
     LOOP
         PERFORM imp._audit_base_types(audit);
     END LOOP;

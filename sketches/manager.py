@@ -400,9 +400,8 @@ class SketchManager(IncrementalMaintenance):
                 # (found: width_bucket(text, integer[]) failed every query until a restart)
                 with self._lock:
                     self._partitions.clear()
-            if isinstance(exc, psycopg.Error) and not _partition_unseen(exc) \
-                    and _catalog_gone(exc):
-                self._catalog_lost(exc)
+                if _catalog_gone(exc) and not _partition_unseen(exc):
+                    self._catalog_lost(exc)
             self.rolled_back()
             raise
 
