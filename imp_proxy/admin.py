@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pglast.parser import ParseError, scan
+
 from .protocol import codec
 from .protocol.messages import BINARY_FORMAT, TEXT_FORMAT, FieldDescription
 
@@ -96,7 +98,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def parse_admin(sql: str) -> AdminCommand:
     """Parses an ``IMP …`` statement; raises AdminError (42601) when it is not valid."""
-    text = sql.strip()
+    text = _without_comments(sql)
     while text.endswith(";"):
         text = text[:-1].rstrip()
     m = re.match(r"imp\s+(?P<rest>.*)\Z", text, re.I | re.S)
@@ -125,6 +127,33 @@ def parse_admin(sql: str) -> AdminCommand:
     raise AdminError("42601", "syntax error in IMP statement; expected SHOW SKETCHES, "
                      "SHOW STATS, EXPLAIN <select>, DROP SKETCH <id>, DROP ALL SKETCHES or "
                      "SET <setting> = <value>")
+
+
+_COMMENTS = frozenset({"SQL_COMMENT", "C_COMMENT"})
+
+
+def _without_comments(sql: str) -> str:
+    """``sql`` with each comment (as PostgreSQL's own scanner finds them) replaced by a
+    blank, stripped; after ``IMP EXPLAIN`` the query's text as written. Why: psql sends a
+    comment that follows the statement on its line (``IMP SHOW STATS -- x``) and a comment
+    may stand wherever a blank may; both were syntax errors (found by a helper's search, as
+    was an unterminated quote that the patterns accepted: the scanner's error is
+    PostgreSQL's). Only the comments go: the rest stays as written (``-5`` is no
+    ``- 5``)."""
+    try:
+        tokens = list(scan(sql))
+    except ParseError as exc:
+        raise AdminError("42601", exc.args[0] if exc.args else str(exc)) from None
+    words = [t for t in tokens if t.name not in _COMMENTS]
+    if len(words) > 2 and words[1].name == "EXPLAIN":
+        return f"IMP EXPLAIN {sql[words[2].start:].strip()}"
+    pieces, at = [], 0
+    for t in tokens:
+        if t.name in _COMMENTS:
+            pieces += [sql[at:t.start], " "]
+            at = t.end + 1
+    pieces.append(sql[at:])
+    return "".join(pieces).strip()
 
 
 def parse_bool_setting(value: str) -> bool:

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                "for the Spark backend). Flags win over the environment, which wins over the "
                "TOML config file. Exit status: 0 done, 2 configuration error, 3 the embedded "
                "PostgreSQL failed, 4 PostgreSQL refused or could not be reached, 128 + N "
-               "stopped by signal N.")
+               "stopped by signal N while starting (once serve listens, a stop signal is an "
+               "orderly stop: 0).")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="logging level: DEBUG, INFO, WARNING, ERROR (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -293,9 +294,7 @@ def upstream_or_embedded(cfg: ProxyConfig, serving: bool = True) -> Iterator[Pro
         yield cfg
         return
     datadir = cfg.data_dir / "pg" / "data"
-    if not cfg.data_dir.exists():
-        cfg.data_dir.mkdir(parents=True)
-        cfg.data_dir.chmod(0o755)  # the server user must be able to enter it
+    _usable_data_dir(cfg.data_dir)
     try:
         with _data_dir_lock(cfg.data_dir):
             with _embedded(datadir) as dsn:
@@ -306,6 +305,21 @@ def upstream_or_embedded(cfg: ProxyConfig, serving: bool = True) -> Iterator[Pro
             raise
         yield cfg.with_upstream(LocalPostgres(datadir=datadir, port=running[1],
                                               throwaway=False).socket_dsn())
+
+
+def _usable_data_dir(data_dir: Path) -> None:
+    """Creates ``data_dir`` when missing; :class:`ConfigError` (one line, status 2) when it
+    cannot be used. Why: a file, or a path that cannot be created, ended serve and install
+    with a traceback and status 1 (found by a helper's search)."""
+    try:
+        if not data_dir.exists():
+            data_dir.mkdir(parents=True)
+            data_dir.chmod(0o755)  # the server user must be able to enter it
+        if not data_dir.is_dir():
+            raise ConfigError(f"--data-dir {data_dir} is not a directory")
+        (data_dir / "imp-proxy.lock").touch()
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {data_dir}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
@@ -331,6 +345,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import ProxyServer, ProxyStartError, new_event_loop
 
     cfg = load_config(_flags(args))
+    if cfg.upstream is None:   # before the library's start says anything
+        _usable_data_dir(cfg.data_dir)
     hook = load_hook(args.hook, cfg.library, cfg.heavy_backend, cfg.spark) \
         if cfg.sketches else None
     with upstream_or_embedded(cfg) as cfg:

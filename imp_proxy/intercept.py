@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
-from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_STARTED
+from sketches.lookup import EFFECTIVE_SEARCH_PATH, SERVER_INSTANCE
 from sketches.typeoids import (
     BOOL,
     FLOAT4,
@@ -83,7 +83,7 @@ BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ",
                   + "".join(f", {setting_sql(n)}" for n in SESSION_SETTINGS)
                   + ", pg_catalog.current_setting('default_transaction_isolation')"
                   " OPERATOR(pg_catalog.=) 'serializable', "
-                  + SERVER_STARTED + ", pg_catalog.pg_client_encoding(),"
+                  + SERVER_INSTANCE + ", pg_catalog.pg_client_encoding(),"
                   " extract(epoch FROM pg_catalog.current_setting('statement_timeout')"
                   "::pg_catalog.interval)::pg_catalog.float8,"
                   " pg_catalog.current_setting('lock_timeout'),"
@@ -705,6 +705,9 @@ _READABLE = ("SELECT t FROM pg_catalog.jsonb_array_elements_text($1::pg_catalog.
              "pg_catalog.quote_ident(t)), 'SELECT'), false)")
 
 
+ABORTED = "current transaction is aborted, commands ignored until end of transaction block"
+
+
 async def readable_sketches(s: Session, sketches: list[dict[str, object]]
                             ) -> list[dict[str, object]]:
     """The sketches whose every table the client's role may read (fragment counts and
@@ -712,8 +715,8 @@ async def readable_sketches(s: Session, sketches: list[dict[str, object]]
     tables = sorted({str(t) for sk in sketches for t in _as_list(sk.get("tables"))})
     if not tables:
         return sketches
-    if s.scanner.status == ord("E"):
-        return []  # a failed transaction cannot answer: show nothing rather than everything
+    if s.scanner.status == ord("E"):   # it cannot ask: PostgreSQL's refusal, not an empty list
+        raise admin.AdminError("25P02", ABORTED)
     replies = await _ask_as_client(s, _READABLE, (json.dumps(tables).encode(),))
     if _first_error(replies) is not None:
         return []
@@ -760,6 +763,16 @@ async def _ask_as_client(s: Session, sql: str, params: tuple[bytes, ...] = ()
             _as_client(sql, params, s.scanner.status == ord("T")), AS_CLIENT_READIES)
     finally:
         s.leave_parse_mode()
+
+
+_STATEMENT_EXISTS = ("SELECT FROM pg_catalog.pg_prepared_statements AS p"
+                     " WHERE p.name OPERATOR(pg_catalog.=) $1")
+
+
+async def statement_exists(s: Session, name: str) -> bool:
+    """Has the client's session a prepared statement called ``name``?"""
+    replies = await _ask_as_client(s, _STATEMENT_EXISTS, (name.encode(),))
+    return _first_error(replies) is None and any(t == DATA_ROW for t, _m in replies)
 
 
 def _as_list(value: object) -> list[object]:
@@ -818,8 +831,7 @@ async def _require_superuser(s: Session, what: str) -> None:
     proxy (every role's), and ``IMP DROP SKETCH <id>`` also told which ids exist; directly, a
     role without privileges cannot even read or delete ``imp.sketches``."""
     if s.scanner.status == ord("E"):
-        raise admin.AdminError("25P02", "current transaction is aborted, commands ignored "
-                               "until end of transaction block")
+        raise admin.AdminError("25P02", ABORTED)
     replies = await _ask_as_client(s, _SUPERUSER)
     rows = [codec.decode_data_row(m).values for t, m in replies if t == DATA_ROW]
     if _first_error(replies) is None and rows and rows[0] and rows[0][0] == b"t":
@@ -869,8 +881,9 @@ async def run_admin(s: Session, cmd: admin.AdminCommand) -> admin.AdminResult:
             return admin.AdminResult(None, (), f"IMP DROP {n}")
         if cmd.kind == "set":
             assert cmd.argument is not None and cmd.value is not None
-            if cmd.argument == "enabled":
-                s.set_enabled(admin.parse_bool_setting(cmd.value))
+            if cmd.argument == "enabled":   # DEFAULT: the proxy's own setting, as SET does
+                s.set_enabled(s.server.config.sketches if cmd.value == "default"
+                              else admin.parse_bool_setting(cmd.value))
             else:
                 await router.configure(cmd.argument, cmd.value)
             return admin.AdminResult(None, (), "IMP SET")

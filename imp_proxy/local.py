@@ -15,6 +15,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pglast
+from pglast import ast
+from pglast.enums import DiscardMode
+
 from . import admin, intercept
 from .protocol import codec
 from .protocol.framing import ProtocolViolation, read_cstring
@@ -38,6 +42,11 @@ class AdminPortal:
 
 
 _IDLE = ord("I")
+_FAILED = ord("E")
+
+
+def _exists(name: str) -> admin.AdminError:
+    return admin.AdminError("42P05", f'prepared statement "{name}" already exists')
 
 
 class LocalAdmin:
@@ -70,11 +79,20 @@ class LocalAdmin:
             if not admin.is_admin(p.sql.encode()):
                 return self._leave_local(msg)
             try:
-                self.admin_stmts[p.name] = admin.parse_admin(p.sql)
+                cmd = admin.parse_admin(p.sql)
             except admin.AdminError as exc:
                 self._local_fail(exc)
                 return "local"
-            self.client.write(codec.parse_complete())
+            if self.scanner.status == _FAILED:   # PostgreSQL's refusals, in its order
+                self._local_fail(admin.AdminError("25P02", intercept.ABORTED))
+            elif p.name in self.admin_stmts and p.name:
+                self._local_fail(_exists(p.name))
+            elif p.name:
+                self._run_held(self._parse_named(p.name, cmd))
+                return "hold"
+            else:
+                self.admin_stmts[p.name] = cmd
+                self.client.write(codec.parse_complete())
             return "local"
         if typ == FLUSH:
             return "local"
@@ -125,6 +143,63 @@ class LocalAdmin:
                 return "hold"
             self._send_rows(e.portal, portal, e.max_rows, again=True)
         return "local"
+
+    def _query_ends_statements(self, body: bytes, answerable: bool) -> bool:
+        """A simple Query while IMP statements or portals exist ends them as PostgreSQL would
+        its own: every Query the unnamed ones, ``DEALLOCATE ALL`` and ``DISCARD ALL`` (run
+        first, outside a failed transaction; DISCARD ALL outside a transaction block) all of
+        them. A Query that is just ``DEALLOCATE name`` of an IMP statement is answered here
+        when ``answerable`` (nothing in flight upstream): True then. Why: psycopg with a
+        libpq before 17 drops a statement evicted from its cache by SQL ``DEALLOCATE``, which
+        PostgreSQL refused for an IMP statement, and psycopg raised that at the app's next,
+        unrelated query (found by a helper's search, as were Binds of IMP statements that
+        a ``DEALLOCATE ALL``, a ``DISCARD ALL`` or a Query had ended)."""
+        self.admin_stmts.pop("", None)
+        self.admin_portals.pop("", None)
+        status = self.scanner.status
+        if not self.admin_stmts or status == _FAILED:
+            return False
+        try:
+            stmts = pglast.parse_sql(body.decode())
+        except (pglast.parser.ParseError, UnicodeDecodeError, ValueError):
+            return False   # PostgreSQL reports it
+        first = stmts[0].stmt if stmts else None
+        if isinstance(first, ast.DeallocateStmt) and first.name is None:
+            self.admin_stmts.clear()
+        elif (isinstance(first, ast.DiscardStmt) and first.target == DiscardMode.DISCARD_ALL
+                and len(stmts) == 1 and status == _IDLE):
+            self.admin_stmts.clear()
+            self.admin_portals.clear()
+        elif (answerable and len(stmts) == 1 and isinstance(first, ast.DeallocateStmt)
+                and first.name in self.admin_stmts):
+            del self.admin_stmts[first.name]
+            self.client.write(codec.encode_command_complete("DEALLOCATE")
+                              + codec.encode_ready_for_query(chr(status)))
+            return True
+        return False
+
+    async def _parse_named(self, name: str, cmd: admin.AdminCommand) -> None:
+        """A named IMP statement, unless the client's session already has a statement of that
+        name, as PostgreSQL refuses it (found by a regression search: the IMP statement
+        replaced the client's own, and its Binds ran the IMP statement)."""
+        if await intercept.statement_exists(self, name):  # type: ignore[arg-type]
+            self._local_fail(_exists(name))
+            return
+        self.admin_stmts[name] = cmd
+        self.client.write(codec.parse_complete())
+
+    def _refuse_parse_of_imp_name(self, name: str, idle: bool) -> bool:
+        """A Parse of an ordinary statement named as an IMP statement: PostgreSQL's 42P05 and
+        the batch discarded up to its Sync, when this Parse starts a batch (``idle``: nothing
+        in flight) outside a transaction block (True); else False, and it goes upstream
+        (which does not know the name) and ends the IMP statement."""
+        if not (idle and name and name in self.admin_stmts and self.scanner.status == _IDLE):
+            self.admin_stmts.pop(name, None)
+            return False
+        self.local_batch = True
+        self.local_error = False
+        self._local_fail(_exists(name))
+        return True
 
     def _leave_local(self, msg: bytes) -> str | None:
         """A non-IMP message in a local batch: from here on the batch goes upstream (the local

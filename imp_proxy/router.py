@@ -537,9 +537,10 @@ class Router:
         other: ``'2020-01-01'`` is another instant in another TimeZone) — unless only
         ``TEMPORAL_SETTINGS`` differ and the hook ``handles_other_settings``: then it is
         asked (from memory only with an answer for a query those settings do not concern)
-        and passes through the queries they concern. ``started``: the server's
-        ``pg_postmaster_start_time()``, told to a hook that tracks restarts (its optional
-        ``server_started``) before anything is answered from memory. ``cancel``: called (on
+        and passes through the queries they concern. ``started``: the server's start time
+        and the database's oid (``lookup.SERVER_INSTANCE``), told to a hook that tracks
+        restarts (its optional ``server_started``) before anything is answered from memory.
+        ``cancel``: called (on
         the event loop) when the prepare goes to a service connection, for the
         :class:`ServiceCancel` that lets the client's CancelRequest interrupt its work (an
         answer from memory needs none). ``lock_timeout``: the client's, which the service
@@ -649,6 +650,8 @@ class Router:
                     kwargs["stop"] = cancel.requested
                 if role is not None and getattr(self._hook_for(dbname), "checks_role", False):
                     kwargs["role"] = role
+                if explain and getattr(self._hook_for(dbname), "explains", False):
+                    kwargs["explain"] = True
                 p = hook.prepare(conn, sql, params, search_path, **kwargs)
                 prepared = True
                 details = self._explain_backend(dbname, conn, sql, params) if explain else ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -47,6 +48,8 @@ class UpstreamAddress:
         the server but clients were relayed to /var/run/postgresql). One host only
         (``config`` refuses several)."""
         info = psycopg.conninfo.conninfo_to_dict(dsn)
+        if info.get("service") or os.environ.get("PGSERVICE"):
+            return cls._as_libpq_reads_services(dsn)
         defaults = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.get_defaults()
                     if o.val is not None}
 
@@ -54,6 +57,25 @@ class UpstreamAddress:
             return str(info.get(key) or "") or defaults.get(key)
         host = given("hostaddr") or given("host") or "/var/run/postgresql"
         return cls(host.split(",")[0], int((given("port") or "5432").split(",")[0]))
+
+
+    @classmethod
+    def _as_libpq_reads_services(cls, dsn: str) -> UpstreamAddress:
+        """The address libpq takes for a DSN naming a connection service (``service=``,
+        ``PGSERVICE``): from libpq itself, which reads the service file, by starting a
+        connection and dropping it before it sends anything. Why: the service's host and
+        port were never read, and every client was relayed to /var/run/postgresql:5432
+        (found by a helper's search)."""
+        conn = pq.PGconn.connect_start(dsn.encode())
+        try:
+            host, hostaddr, port = (conn.host.decode(), conn.hostaddr.decode(),
+                                    conn.port.decode())
+            if not (host or hostaddr):
+                raise ProxyStartError(conn.get_error_message().strip()
+                                      or "libpq took no host from the upstream DSN")
+        finally:
+            conn.finish()
+        return cls((hostaddr or host).split(",")[0], int((port or "5432").split(",")[0]))
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -171,8 +193,13 @@ class ProxyServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for s in list(self.sessions):
-            s.close()
+        sessions = list(self.sessions)
+        for s in sessions:
+            s.shut_down()
+        # their cancels of queries in flight (found: abandoned at the loop's end)
+        tasks = [t for s in sessions for t in s.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.connect_timeout + 5)
         if self._server is not None:
             await self._server.wait_closed()
         await asyncio.to_thread(self.router.close)  # background maintenance persists state

@@ -275,6 +275,13 @@ class Session(LocalAdmin):
                 break
             typ = data[pos]
             if typ == QUERY:
+                if (self.admin_stmts or self.admin_portals) and self._query_ends_statements(
+                        data[pos + 5:end - 1], self.pending == 0 and not self.batch_open
+                        and not self.local_batch):
+                    if fwd < pos:
+                        self._up_write(data[fwd:pos])
+                    pos = fwd = end
+                    continue
                 if (self.pending == 0 and not self.batch_open and not self.local_batch
                         and end > pos + 5
                         and (self.sketching or data[pos + 5] in _ADMIN_FIRST
@@ -384,8 +391,9 @@ class Session(LocalAdmin):
                     self.local_error = False
                     return self._local_message(bytes(data[pos:end]))
                 return None  # in a pipeline: let PostgreSQL report the syntax error
-            if self.admin_stmts:
-                self.admin_stmts.pop(data[pos + 5:name_end].decode(errors="replace"), None)
+            if self.admin_stmts and self._refuse_parse_of_imp_name(
+                    data[pos + 5:name_end].decode(errors="replace"), self.idle):
+                return "local"
             names = (self._databases_needed(data[name_end + 1:data.find(b"\x00", name_end + 1,
                                                                          end)])
                      if name_end + 1 < end and data[name_end + 1] in databases.FIRST_BYTES
@@ -922,6 +930,15 @@ class Session(LocalAdmin):
                 up.write(codec.encode_terminate())
             up.close()
         self._forget_key()
+
+    def shut_down(self) -> None:
+        """The proxy stops: the client first gets what PostgreSQL's fast shutdown sends
+        (``FATAL 57P01``), then :meth:`close` (found by a helper's search: the connection
+        just closed, "server closed the connection unexpectedly")."""
+        if self.phase is Phase.READY and not self.client.is_closing():
+            self.client.write(codec.encode_error(
+                "FATAL", "57P01", "terminating connection due to administrator command"))
+        self.close()
 
     def client_lost(self) -> None:
         self.close()

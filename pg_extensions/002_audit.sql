@@ -333,6 +333,17 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION imp._audit_always(regclass) FROM PUBLIC;
 
+-- Does `rel` carry every audit trigger, enabled ALWAYS? A tracking row counts only then
+-- (sketches.deltas.audited says the same in the proxy's reads): a restore of schema imp from an
+-- older dump of this database brought the row and the audit table back, but the restore's drop
+-- of the audit table had taken the triggers (imp._audit_guard), and writes went unaudited.
+CREATE OR REPLACE FUNCTION imp._audited(rel regclass) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT count(*) = 4 FROM pg_trigger
+    WHERE tgrelid = rel AND tgenabled = 'A'
+      AND tgname IN ('imp_audit_ins', 'imp_audit_del', 'imp_audit_upd', 'imp_audit_trunc')
+$$;
+
 -- Starts tracking `rel` (idempotent): audit table, index on _xid, grants, triggers.
 -- Returns the audit table.
 CREATE OR REPLACE FUNCTION imp.track_table(rel regclass) RETURNS regclass
@@ -353,11 +364,12 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('imp.track_table'), rel::oid::int);
     SELECT t.audit_table INTO audit FROM imp.tracked_tables t WHERE t.relid = rel::oid;
     IF FOUND THEN
-        IF to_regclass('imp.delta_' || rel::oid) IS NOT NULL THEN
+        IF to_regclass('imp.delta_' || rel::oid) IS NOT NULL AND imp._audited(rel) THEN
             RETURN audit;
         END IF;
         -- its audit table was dropped with the guard off (found: the table was never sketched
-        -- again): tracked afresh, under a new epoch
+        -- again), or its triggers are gone (schema imp restored from an older dump of this
+        -- database): tracked afresh, under a new epoch
         DELETE FROM imp.tracked_tables WHERE relid = rel::oid;
     END IF;
     INSERT INTO imp.tracked_tables (relid, audit_table, columns, epoch)

@@ -89,17 +89,17 @@ class Background(threading.Thread):
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The thread's connection, opened anew after a failure. A new one first tells the
-        manager PostgreSQL's start time (``server_started``), before any state is maintained
-        or saved on it: after a crash that lost commits the states held in memory count rows
-        that are gone, and saving one made it outlive the restart (found: eager maintenance
-        saved such a state, which the next query loaded after forgetting its memory — two
-        groups missing from a HAVING answer)."""
+        manager PostgreSQL's start time and the database's oid (``server_started``), before
+        any state is maintained or saved on it: after a crash that lost commits the states
+        held in memory count rows that are gone, and saving one made it outlive the restart
+        (found: eager maintenance saved such a state, which the next query loaded after
+        forgetting its memory — two groups missing from a HAVING answer)."""
         if self._conn is None or self._conn.closed:
             conn = ServiceConnection.connect(**self.conninfo, autocommit=True,
                                              application_name="imp-maintenance",
                                              prepare_threshold=pipelined.PREPARE_WHEN_ASKED)
             try:
-                row = conn.execute("SELECT " + lookup.SERVER_STARTED).fetchone()
+                row = conn.execute("SELECT " + lookup.SERVER_INSTANCE).fetchone()
             except BaseException:
                 conn.close()
                 raise

@@ -149,9 +149,26 @@ def _check_session(iso: str, exact_floats: bool) -> None:
         raise RoundedFloats("extra_float_digits is 0 or less: floats are read rounded")
 
 
-WITH_AUDIT_TABLE = "EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = audit_table)"
-"""SQL: an ``imp.tracked_tables`` row's audit table exists — a tracking row counts only with
-it (see :class:`Probe`)."""
+AUDIT_TRIGGERS = ("imp_audit_ins", "imp_audit_del", "imp_audit_upd", "imp_audit_trunc")
+"""The triggers ``imp.track_table`` puts on a tracked table (pg_extensions/002_audit.sql)."""
+
+
+def audited(relid: str) -> str:
+    """SQL: the table ``relid`` (an SQL expression) has every audit trigger, enabled ALWAYS
+    (``imp._audited`` in pg_extensions/002_audit.sql says the same). Why: schema imp restored
+    from an older dump of the same database brought its tracking rows and audit tables back,
+    but not the triggers, which a restore's drop of the audit tables had taken from the table
+    (found by a helper's search: an unaudited write, and a sketch used after it lacked its
+    group)."""
+    names = ", ".join(f"'{n}'" for n in AUDIT_TRIGGERS)
+    return (f"(SELECT count(*) FROM pg_catalog.pg_trigger AS g WHERE g.tgrelid = {relid}"
+            f" AND g.tgname IN ({names}) AND g.tgenabled = 'A') = {len(AUDIT_TRIGGERS)}")
+
+
+WITH_AUDIT_TABLE = ("EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = audit_table)"
+                    " AND " + audited("relid"))
+"""SQL: an ``imp.tracked_tables`` row's audit table exists and its table has its audit
+triggers — a tracking row counts only with both (see :class:`Probe`)."""
 
 
 def table_info(conn: psycopg.Connection[Any], table: str | int) -> TableInfo:
@@ -180,7 +197,8 @@ class Probe:
     then can it have written audit rows: :func:`check_own_writes` is needed); ``tables``: the
     tracking rows of the asked tables visible in this snapshot (absent: not tracked — also a
     row whose audit table is gone, dropped with the guard off: found, such a table failed
-    every prepare and was never sketched again; ``imp.track_table`` tracks it afresh)."""
+    every prepare and was never sketched again; and a row whose table lacks its audit
+    triggers, :func:`audited`; ``imp.track_table`` tracks both afresh)."""
 
     snapshot: str
     has_xid: bool
@@ -191,7 +209,7 @@ _PROBE = sql.SQL(
     "SELECT s.snap, s.iso, s.has_xid, s.exact_floats, s.guarded, t.relid::bigint,"
     " (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class AS c"
     "  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
-    "  WHERE c.oid = t.audit_table), t.epoch,"
+    "  WHERE c.oid = t.audit_table AND " + audited("t.relid") + "), t.epoch,"
     " EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h"
     "  WHERE h.inhparent = t.relid OR h.inhrelid = t.relid)"
     " OR EXISTS (SELECT 1 FROM pg_catalog.pg_subscription_rel AS r WHERE r.srrelid = t.relid),"

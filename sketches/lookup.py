@@ -146,10 +146,19 @@ def search_path_schemas(path: str) -> list[str] | None:
     return names
 
 
-SERVER_STARTED = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::pg_catalog.text"
-"""SQL for the server's start time as its epoch, which reads the same in every session (its
-timestamptz text follows the session's TimeZone and DateStyle): a change means PostgreSQL
-restarted (``SketchManager.server_started``)."""
+SERVER_INSTANCE = (
+    "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::pg_catalog.text"
+    " OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) (SELECT d.oid FROM"
+    " pg_catalog.pg_database AS d WHERE d.datname OPERATOR(pg_catalog.=)"
+    " pg_catalog.current_database())::pg_catalog.text")
+"""SQL for the server's start time as its epoch (which reads the same in every session: its
+timestamptz text follows the session's TimeZone and DateStyle) and the connected database's
+oid, qualified for any search_path: a change means PostgreSQL restarted, or the database
+behind the name is another one (``SketchManager.server_started``). Why the oid: a database
+dropped and created anew under its name from a template copy of itself, or two databases
+swapping names, were answered from the old database's sketches held in memory (found by a
+helper's search: a top-k row deleted after the copy still answered) — the copy has the same
+table oids and epochs, so nothing else told them apart."""
 
 @dataclass(frozen=True, slots=True)
 class Relations:

@@ -108,7 +108,14 @@ prints the range bounds with standard strings, which PostgreSQL then reads with 
 _SETUP_SQL = ("SELECT {}, pg_catalog.pg_current_snapshot()::pg_catalog.text, "
               "pg_catalog.current_setting('transaction_isolation'), "
               "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text::pg_catalog.int8, "
-              + lookup.SERVER_STARTED)
+              + lookup.SERVER_INSTANCE)
+
+
+MAX_FRAGMENTS = 100_000
+"""At most this many fragments per range partition (``SketchSettings.fragments``). Why a
+bound: PostgreSQL's statistics give at most 10,001 bounds anyway, and a table without them
+gets one exact quantile per fragment, computed from a list of as many fractions (found: an
+``IMP SET fragments`` of 10^22 was taken, and that list could never be built)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +188,8 @@ class SketchSettings:
         # as IMP SET takes it: "Lazy" from a configuration file was kept as written, and
         # matched neither "lazy" nor "eager" (maintenance off, every write a recapture)
         object.__setattr__(self, "strategy", incremental.check_strategy(self.strategy))
-        if self.fragments < 1:
-            raise ValueError("fragments must be >= 1")
+        if not 1 <= self.fragments <= MAX_FRAGMENTS:
+            raise ValueError(f"fragments must be in [1, {MAX_FRAGMENTS}]")
         # NaN or infinite intervals stopped the background's rounds (no state saved, no
         # audit row collected, no sketch evicted); "not 0 < x < inf" refuses NaN too
         if self.batch_size < 1 or not 0 < self.batch_interval < math.inf \
@@ -285,7 +292,7 @@ class SketchManager(IncrementalMaintenance):
         self._install_retry_at = 0.0
         self._clock = time.monotonic
         self._claimed = False   # imp.claim_identity() ran (catalog.claim_identity)
-        self._started: str | None = None   # pg_postmaster_start_time(): see server_started
+        self._started: str | None = None   # start time and database: see server_started
         self._txn = threading.local()
         self._stats: Counter[str] = Counter()
         self._answers = Answers(self.settings.classify_cache_size)
@@ -343,11 +350,15 @@ class SketchManager(IncrementalMaintenance):
     """:meth:`prepare` takes ``role``: the client's ``current_user`` (the proxy reads it in
     its snapshot round trip)."""
 
+    explains = True
+    """:meth:`prepare` takes ``explain`` (the proxy's ``IMP EXPLAIN``)."""
+
     def prepare(self, conn: psycopg.Connection[Any], sql: str,
                 params: Sequence[object] | None = None,
                 search_path: str | None = None, snapshot: str | None = None,
                 settings_differ: str | None = None,
-                stop: threading.Event | None = None, role: str | None = None) -> Prepared:
+                stop: threading.Event | None = None, role: str | None = None,
+                explain: bool = False) -> Prepared:
         """Captures or uses a sketch for ``sql`` in ``conn``'s snapshot (see INTERFACES §1).
 
         ``snapshot`` (with ``search_path``): the caller vouches that conn is in a fresh
@@ -375,7 +386,23 @@ class SketchManager(IncrementalMaintenance):
         PostgreSQL refuses it to the client itself. A role with column privileges only
         passes through too (PostgreSQL answers it, exactly). Why only there: a use needs no
         check — the instrumented query runs as the client, so PostgreSQL checks it — and the
-        check costs a round trip the common use path must not pay."""
+        check costs a round trip the common use path must not pay.
+
+        ``explain``: the decision is only shown (``IMP EXPLAIN``), the query not run: it is
+        made as for the query, but a sketch it would use is not counted as used (uses, last
+        use, reuse), which would keep an idle sketch from eviction (found by a helper's
+        search)."""
+        self._txn.explaining = explain
+        try:
+            return self._prepare_call(conn, sql, params, search_path, snapshot,
+                                      settings_differ, stop, role)
+        finally:
+            self._txn.explaining = False
+
+    def _prepare_call(self, conn: psycopg.Connection[Any], sql: str,
+                      params: Sequence[object] | None, search_path: str | None,
+                      snapshot: str | None, settings_differ: str | None,
+                      stop: threading.Event | None, role: str | None) -> Prepared:
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         if conn.info.parameter_status("standard_conforming_strings") != "on":
@@ -499,22 +526,27 @@ class SketchManager(IncrementalMaintenance):
         return str(row[0]), snapshot, row[3] is not None
 
     def server_started(self, started: str) -> None:
-        """PostgreSQL's ``pg_postmaster_start_time()`` as last seen. A change means it
-        restarted under the running manager, perhaps after a crash, which empties unlogged
-        tables and can lose transactions the manager saw committed (``synchronous_commit =
-        off``), whose xids PostgreSQL then hands out again: states and answers kept in memory
-        would count rows that are gone, and a later snapshot could read as one they were
-        taken in (found: after a crash and new inserts, 0 rows instead of 1). They are
-        forgotten; the catalog's, written after everything they cover, are read again."""
+        """PostgreSQL's start time and the database's oid (:data:`lookup.SERVER_INSTANCE`) as
+        last seen. A change of the first means it restarted under the running manager,
+        perhaps after a crash, which empties unlogged tables and can lose transactions the
+        manager saw committed (``synchronous_commit = off``), whose xids PostgreSQL then hands
+        out again: states and answers kept in memory would count rows that are gone, and a
+        later snapshot could read as one they were taken in (found: after a crash and new
+        inserts, 0 rows instead of 1). A change of the second means the database's name now
+        names another database (dropped and made anew from a copy, renamed), whose tables
+        may have the same oids and epochs. Either way they are forgotten; the catalog's are
+        judged again (``claim_identity`` discards a copied database's) and read again."""
         if started == self._started:   # every query of the proxy's: no lock when unchanged
             return
         with self._lock:
             previous, self._started = self._started, started
         if previous is None or previous == started:
             return
-        log.warning("PostgreSQL restarted (started %s, before %s): forgetting the sketches, "
-                    "states and answers held in memory", started, previous)
-        self._count("server_restarts")
+        log.warning("PostgreSQL restarted or the database was replaced (now %s, before %s):"
+                    " forgetting the sketches, states and answers held in memory",
+                    started, previous)
+        restarted = previous.partition("/")[0] != started.partition("/")[0]
+        self._count("server_restarts" if restarted else "databases_replaced")
         self._forget_held(judge_catalog_again=True)
 
     def _forget_held(self, judge_catalog_again: bool) -> None:
@@ -610,6 +642,8 @@ class SketchManager(IncrementalMaintenance):
         return self._decline_capture()
 
     def _note_use(self, entry: _Entry) -> None:
+        if getattr(self._txn, "explaining", False):
+            return
         entry.uses += 1
         entry.reuse.used = True
         entry.last_used = time.time()

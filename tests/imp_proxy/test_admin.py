@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -400,3 +402,115 @@ def test_imp_portals_follow_row_limits_as_postgresql_portals_do(adsn: str,
     assert no_rows == [[t.replace("SET", "IMP SET") if t == "C SET" else t for t in run]
                        for run in _portal_runs(db_dsn, "SET work_mem = '8MB'")]
     assert no_rows[0] == ["1", "2", "C IMP SET", 'E 55000 portal "p" cannot be run', "Z"]
+
+
+def _script(dsn: str, steps: list[bytes]) -> list[list[str]]:
+    """Each step sent on one raw connection and traced up to its ReadyForQuery."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    c = RawClient("127.0.0.1", int(str(info["port"])))
+    try:
+        c.startup(str(info["user"]), str(info["dbname"]))
+        out = []
+        for step in steps:
+            c.send(step)
+            msgs = c.until_ready()
+            out.append(_trace(msgs) + [f"status {chr(msgs[-1][1][-1])}"])
+        return out
+    finally:
+        c.close()
+
+
+def _bind_execute(statement: str) -> bytes:
+    return (codec.encode_bind(Bind("", statement, (), (), ())) + codec.encode_execute("", 0)
+            + codec.encode_sync())
+
+
+_P, _S, _Q = codec.encode_parse, codec.encode_sync(), codec.encode_query
+STATEMENT_LIVES = {
+    "a name parsed twice": lambda x: [_P("s", x) + _S, _P("s", x) + _S],
+    "DEALLOCATE, then a Bind": lambda x: [_P("s", x) + _S, _Q("deallocate  prepare \"s\" ;"),
+                                         _bind_execute("s")],
+    "DEALLOCATE ALL, then a Bind": lambda x: [_P("s", x) + _S, _Q("DEALLOCATE ALL"),
+                                             _bind_execute("s")],
+    "DISCARD ALL, then a Bind": lambda x: [_P("s", x) + _S, _Q("DISCARD ALL"),
+                                          _bind_execute("s")],
+    "DISCARD ALL in a transaction": lambda x: [_P("s", x) + _S, _Q("BEGIN"), _Q("DISCARD ALL"),
+                                              _Q("ROLLBACK"), _bind_execute("s")],
+    "the unnamed one, after a Query": lambda x: [_P("", x) + _S, _Q("SELECT 1"),
+                                                _bind_execute("")],
+    "DEALLOCATE in a failed transaction": lambda x: [_P("s", x) + _S, _Q("BEGIN"),
+                                                    _Q("SELECT 1/0"), _Q("DEALLOCATE s"),
+                                                    _Q("ROLLBACK"), _bind_execute("s")],
+    "the client's statement, then its name": lambda x: [_P("s", "SELECT 1") + _S, _P("s", x)
+                                                        + _S, _bind_execute("s")],
+    "its name, then the client's statement": lambda x: [_P("s", x) + _S, _P("s", "SELECT 1")
+                                                        + _bind_execute("s"),
+                                                        _bind_execute("s")],
+    "a Parse in a failed transaction": lambda x: [_Q("BEGIN"), _Q("SELECT 1/0"), _P("s", x)
+                                                 + _S, _Q("ROLLBACK"), _bind_execute("s")],
+    "a name parsed twice in a failed transaction": lambda x: [_P("s", x) + _S, _Q("BEGIN"),
+                                                             _Q("SELECT 1/0"), _P("s", x) + _S,
+                                                             _Q("ROLLBACK")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATEMENT_LIVES))
+def test_a_prepared_imp_statement_lives_and_ends_as_postgresqls_own(adsn: str, db_dsn: str,
+                                                                    case: str) -> None:
+    """A named IMP statement parsed again fails with 42P05; SQL ``DEALLOCATE`` of it,
+    ``DEALLOCATE ALL``, ``DISCARD ALL`` and (for the unnamed one) any Query end it, so a
+    Bind then fails with 26000 — each exactly as for a SET prepared on PostgreSQL (found by
+    a helper's search: the proxy kept them, and refused ``DEALLOCATE s`` with 26000). The
+    name of a statement of the client's own is refused too, either way round, and a Parse in
+    a failed transaction fails with 25P02 (found by the regression search after it: the IMP
+    statement replaced the client's, whose Binds then ran it)."""
+    got = _script(adsn, STATEMENT_LIVES[case]("IMP SET enabled = on"))
+    want = _script(db_dsn, STATEMENT_LIVES[case]("SET work_mem = '4MB'"))
+    assert [["C SET" if t == "C IMP SET" else t for t in step] for step in got] == want
+
+
+def test_psycopg_evicting_a_prepared_imp_statement_from_its_cache(adsn: str) -> None:
+    """psycopg with a libpq before 17 (PSYCOPG_IMPL=python on Debian 12's libpq 15) drops a
+    statement evicted from its cache with SQL ``DEALLOCATE``; for an IMP statement that
+    reached PostgreSQL, and the app's next, unrelated query raised 26000."""
+    script = ("import sys, psycopg\n"
+              "c = psycopg.connect(sys.argv[1], autocommit=True)\n"
+              "assert psycopg.pq.version() < 170000, psycopg.pq.version()\n"
+              "c.prepared_max = 1\n"
+              "c.execute('IMP SHOW STATS', prepare=True).fetchall()\n"
+              "c.execute('SELECT 1', prepare=True).fetchall()\n"
+              "print(c.execute('SELECT 2', prepare=True).fetchall())\n")
+    res = subprocess.run([sys.executable, "-c", script, adsn], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PSYCOPG_IMPL": "python"})
+    assert res.returncode == 0 and "[(2,)]" in res.stdout, res.stderr[-800:]
+
+
+def test_comments_stand_where_blanks_may_in_an_imp_statement(adsn: str) -> None:
+    """psql sends a comment that follows the statement on its line (``IMP SHOW STATS -- x``
+    with the ``;`` on the next line), and a comment may stand wherever a blank may; both were
+    syntax errors. An unterminated quote is PostgreSQL's scanner error (it was accepted)."""
+    for text in ("IMP SHOW STATS -- x", "IMP SHOW STATS /* x */", "IMP /* a /* b */ */ SHOW"
+                 " -- c\n STATS;", "-- first\nIMP SHOW STATS"):
+        assert parse_admin(text).kind == "show_stats", text
+    assert parse_admin("IMP EXPLAIN SELECT 1 -- c").argument == "SELECT 1 -- c"
+    assert parse_admin("IMP SET enabled = 'off' -- why").value == "off"
+    # only the comments go (the first version of this rejoined tokens: ``- 5``, 42601)
+    assert parse_admin("IMP SET fragments=-5 -- c").value == "-5"
+    with pytest.raises(AdminError) as ei:
+        parse_admin("IMP DROP SKETCH -1")
+    assert ei.value.sqlstate == "22P02"
+    with pytest.raises(AdminError) as ei:
+        parse_admin("IMP SET enabled = 'off")
+    assert (ei.value.sqlstate, ei.value.message) == (
+        "42601", "unterminated quoted string at or near \"'off\"")
+    with psycopg.connect(adsn, autocommit=True) as c:
+        assert dict(c.execute("IMP SHOW STATS -- x\n").fetchall())["session.enabled"] == "true"
+
+
+def test_imp_set_enabled_to_default_is_the_proxys_own_setting(adsn: str) -> None:
+    """``SET … TO DEFAULT`` as PostgreSQL has it (it was refused with 22023)."""
+    with psycopg.connect(adsn, autocommit=True) as c:
+        c.execute("IMP SET enabled = off")
+        assert dict(c.execute("IMP SHOW STATS").fetchall())["session.enabled"] == "false"
+        c.execute("IMP SET enabled TO DEFAULT")
+        assert dict(c.execute("IMP SHOW STATS").fetchall())["session.enabled"] == "true"

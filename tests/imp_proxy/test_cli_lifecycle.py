@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,21 @@ def test_missing_tls_file_is_a_clean_error() -> None:
               "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key",
               "--no-sketches", timeout=30)
     one_line_error(res)
+
+
+@pytest.mark.parametrize("command", ["serve", "install"])
+@pytest.mark.parametrize("where", ["a file", "under /proc"])
+def test_an_unusable_data_dir_is_a_one_line_error(command: str, where: str,
+                                                  tmp_path: Path) -> None:
+    """A --data-dir that is a file or cannot be created ended serve and install with a
+    traceback and status 1 (found by a helper's search)."""
+    path = tmp_path / "file" if where == "a file" else Path("/proc/imp-proxy-test/x")
+    if where == "a file":
+        path.write_text("")
+    listen = ["--listen", "127.0.0.1:0"] if command == "serve" else []
+    res = run(command, "--data-dir", str(path), *listen, timeout=30)
+    one_line_error(res)
+    assert str(path) in res.stderr
 
 
 @pytest.mark.parametrize("dsn", ["postgresql://u:s3cretpw@h:notaport/db",
@@ -313,6 +329,66 @@ def test_upstream_conninfo_host_from_pghost_env(admin_dsn: str) -> None:
         assert_serves(s, 30)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_serve_stopped_under_a_query_tells_its_client_as_postgresql_does(
+        admin_dsn: str, sig: int) -> None:
+    """Once listening, a stop signal is an orderly stop (status 0). A client with a query in
+    flight gets PostgreSQL's fast-shutdown error, and the query's cancel is sent before the
+    loop ends (found by a helper's search: the connection just closed, and asyncio logged
+    the cancel's task destroyed while pending)."""
+    s = Serve("--listen", "127.0.0.1:0", "--upstream", admin_dsn, "--no-sketches")
+    try:
+        port = s.wait_listening(30)
+        info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+        dsn = psycopg.conninfo.make_conninfo(admin_dsn, host="127.0.0.1", port=port,
+                                             hostaddr=None)
+        assert info["dbname"]
+        with psycopg.connect(dsn, autocommit=True) as c:
+            failure: list[BaseException] = []
+
+            def query() -> None:
+                try:
+                    c.execute("SELECT pg_sleep(30)")
+                except psycopg.Error as exc:
+                    failure.append(exc)
+            t = threading.Thread(target=query)
+            t.start()
+            time.sleep(1.0)
+            assert s.stop(sig) == 0
+            t.join(30)
+        assert failure and getattr(failure[0], "sqlstate", None) == "57P01", failure
+        assert "terminating connection due to administrator command" in str(failure[0])
+        assert "Task was destroyed" not in s.output(), s.output()[-2000:]
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("how", ["service=", "PGSERVICE"])
+def test_upstream_named_by_a_connection_service(admin_dsn: str, tmp_path: Path,
+                                                how: str) -> None:
+    """Found by a helper's search: the host and port of a connection service
+    (pg_service.conf) were never read; libpq connected, but clients were relayed to
+    /var/run/postgresql:5432. A service libpq does not know is a one-line error."""
+    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"[app]\nhost={info['host']}\nport={info['port']}\n"
+                        "user=postgres\ndbname=postgres\n")
+    env = {"PGSERVICEFILE": str(services)}
+    if how == "PGSERVICE":
+        env["PGSERVICE"] = "app"
+    s = Serve("--listen", "127.0.0.1:0", "--upstream",
+              "service=app" if how == "service=" else "connect_timeout=10", "--no-sketches",
+              env=env)
+    try:
+        assert_serves(s, 30)
+    finally:
+        s.stop()
+    res = run("serve", "--listen", "127.0.0.1:0", "--upstream", "service=nosuch",
+              "--no-sketches", env=env, timeout=30)
+    one_line_error(res)
+    assert 'definition of service "nosuch" not found' in res.stderr
 
 
 @pytest.mark.slow

@@ -1259,3 +1259,47 @@ def test_no_sketch_work_for_a_query_the_role_may_not_run(library_proxy: ProxyPro
     refused(via_proxy(dsn, library_proxy.port), set_role=True)
     time.sleep(0.5)                        # the background thread would track by now
     assert state() == before
+
+
+def _sketch_uses(c: psycopg.Connection[Any], sql: str) -> tuple[str, str]:
+    """(uses, last_used) of the sketch of ``sql`` (its IMP EXPLAIN's sketch_id)."""
+    sketch_id = dict(c.execute(f"IMP EXPLAIN {sql}").fetchall())["sketch_id"]
+    rows = {r[0]: r for r in c.execute("IMP SHOW SKETCHES").fetchall()}
+    row = rows[sketch_id]
+    return row[10], row[11]
+
+
+def test_imp_explain_is_no_use_of_a_sketch(ldsn: str, db_dsn: str) -> None:
+    """IMP EXPLAIN only shows the decision: it counted as a use of the sketch (uses, last
+    use, the library's ``uses``), which kept an idle sketch from eviction (found by a
+    helper's search)."""
+    query = HAVING.replace("1000000", "1000017")
+    with psycopg.connect(ldsn, autocommit=True) as c, \
+            psycopg.connect(db_dsn, autocommit=True) as d:
+        rounds_until_used(c, lambda: _same_rows_as(c, d, query))
+        before, library_uses = _sketch_uses(c, query), int(stats(c)["uses"])
+        for _ in range(3):
+            assert dict(c.execute(f"IMP EXPLAIN {query}").fetchall())["decision"] == "use"
+        assert _sketch_uses(c, query) == before
+        assert int(stats(c)["uses"]) == library_uses
+        _same_rows_as(c, d, query)   # the query itself is a use
+        assert int(stats(c)["uses"]) == library_uses + 1
+
+
+def test_show_sketches_in_a_failed_transaction_is_refused_not_empty(ldsn: str,
+                                                                   db_dsn: str) -> None:
+    """In a failed transaction the proxy cannot ask which sketches the role may read: it
+    answered an empty list, which said there were none (found by a helper's search); now
+    PostgreSQL's 25P02, and the transaction stays as it was."""
+    with psycopg.connect(ldsn, autocommit=True) as c, \
+            psycopg.connect(db_dsn, autocommit=True) as d:
+        rounds_until_used(c, lambda: _same_rows_as(c, d, HAVING))
+        assert c.execute("IMP SHOW SKETCHES").fetchall()
+        c.execute("BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            c.execute("SELECT 1/0")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            c.execute("IMP SHOW SKETCHES")
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        c.execute("ROLLBACK")
+        assert c.execute("IMP SHOW SKETCHES").fetchall()

@@ -18,6 +18,7 @@ from sketches.maintained import INSTRUMENTED_CHARS, INSTRUMENTED_KEPT
 from sketches.manager import (
     COSTLIER,
     INSTALL_LOCK_WAIT,
+    MAX_FRAGMENTS,
     UNREUSED,
     MaintenanceRequest,
     Prepared,
@@ -126,11 +127,14 @@ def test_imp_set_refuses_values_that_stop_the_work(name: str) -> None:
     ``elapsed >= nan`` was never true: no state saved, no audit row collected, no sketch
     evicted again; ``fragments = 0`` made every capture fail (found by a documentation
     search in session 28; ``inf`` too, found by the regression search after it). Refused now,
-    as ``idle_evict_after = nan`` was, and the setting keeps its value."""
+    as ``idle_evict_after = nan`` was, and the setting keeps its value. ``fragments =
+    10000000000000000000000`` was taken too (found by a helper's search), and the next
+    capture of a table without statistics built a list of that many quantiles."""
     m = SketchManager(SketchSettings(persist=False))
     try:
         before = getattr(m.settings, name)
-        for bad in (["nan", "inf", "-1"] if name != "fragments" else ["0", "-1"]):
+        for bad in (["nan", "inf", "-1"] if name != "fragments"
+                    else ["0", "-1", str(MAX_FRAGMENTS + 1), "10000000000000000000000"]):
             with pytest.raises(ValueError):
                 m.configure(name, bad)
         assert getattr(m.settings, name) == before
