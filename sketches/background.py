@@ -95,8 +95,10 @@ class Background(threading.Thread):
         (found: eager maintenance saved such a state, which the next query loaded after
         forgetting its memory — two groups missing from a HAVING answer)."""
         if self._conn is None or self._conn.closed:
-            conn = ServiceConnection.connect(**self.conninfo, autocommit=True,
-                                             application_name="imp-maintenance",
+            # its own name over the caller's (found: a DSN naming one failed every round
+            # with "multiple values for keyword argument", and no table was ever tracked)
+            params = {**self.conninfo, "application_name": "imp-maintenance"}
+            conn = ServiceConnection.connect(**params, autocommit=True,
                                              prepare_threshold=pipelined.PREPARE_WHEN_ASKED)
             try:
                 row = conn.execute("SELECT " + lookup.SERVER_INSTANCE).fetchone()

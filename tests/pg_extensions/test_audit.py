@@ -267,6 +267,36 @@ def test_gc_deletes_exactly_rows_visible_in_snapshot(conn: Conn, db_dsn: str, tr
     assert deleted == (1,)
 
 
+def _epoch(conn: Conn, table: str) -> int:
+    row = conn.execute("SELECT epoch FROM imp.tracked_tables WHERE relid = %s::regclass",
+                       (table,)).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+@pytest.mark.parametrize("write", ["DELETE FROM {} WHERE id = 3",
+                                   "UPDATE {} SET _mult = -_mult WHERE id = 3",
+                                   "SELECT set_config('imp.collecting', 'on', false);"
+                                   " DELETE FROM {}"])
+def test_audit_rows_written_by_hand_invalidate_the_table_as_truncate_does(
+        conn: Conn, tracked: str, write: str) -> None:
+    """A DELETE or UPDATE of audit rows by hand, also under a client's own `imp.collecting`,
+    bumps the epoch (found by a helper's search: after `DELETE FROM imp.delta_<oid>` a
+    maintained sketch lacked a group); imp.gc_deltas' own DELETE does not."""
+    t = sql.Identifier(tracked)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'a'), (2, 2, 2, 'b')").format(t))
+    snap = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert snap is not None
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (3, 3, 3, 'c')").format(t))
+    before = _epoch(conn, tracked)
+    assert conn.execute("SELECT imp.gc_deltas(%s::regclass, %s::pg_snapshot)",
+                        (tracked, snap[0])).fetchone() == (2,)
+    assert _epoch(conn, tracked) == before
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (4, 4, 4, 'd')").format(t))
+    conn.execute(sql.SQL(write).format(sql.SQL(audit_table(conn, tracked))))
+    assert _epoch(conn, tracked) != before
+
+
 def test_gc_analyzes_the_audit_table_it_shrank(conn: Conn, tracked: str) -> None:
     """A never analysed audit table that GC shrinks is analysed: statistics are what let the
     planner see that a delta (the newest xids) is small."""

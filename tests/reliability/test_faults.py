@@ -1014,3 +1014,27 @@ def test_a_busy_service_pool_passes_other_queries_through(launch: LaunchProxy,
     assert _stat(proxied, "proxy.service_busy") == busy + 1
     waiter.join(60)
     assert not waiter.is_alive()
+
+
+def test_an_upstream_dsn_naming_an_application_keeps_the_background_working(
+        launch: LaunchProxy, fresh_db: Any) -> None:
+    """An upstream DSN with ``application_name`` (found by a helper's search: the background
+    thread passed the name twice, every round failed with TypeError, and no table was ever
+    tracked, maintained or collected; answers stayed exact by recapture)."""
+    direct = fresh_db()
+    _load_table(direct, rows=20_000)
+    p = launch(upstream=psycopg.conninfo.make_conninfo(direct, application_name="myapp"))
+    proxied = via_proxy(direct, p.port)
+    _assert_exact(proxied, direct)
+    _write(direct)
+    _assert_exact(proxied, direct)
+    assert wait_until(lambda: bool(scalar(direct, "SELECT count(*) FROM imp.tracked_tables")),
+                      timeout=30), "never tracked: the background's rounds failed"
+    assert wait_until(lambda: bool(scalar(
+        direct, "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                " 'imp-maintenance' AND datname = current_database()")), timeout=30)
+    before = _stat(proxied, "maintenances")
+    for _ in range(3):
+        _write(direct)
+        _assert_exact(proxied, direct)
+    assert _stat(proxied, "maintenances") > before
