@@ -66,3 +66,10 @@ def test_gc_held_back_keeps_the_audit_rows(db_dsn: str, tmp_path: Path) -> None:
         left = c.execute(f"SELECT count(*) FROM {audit[0]}").fetchone()  # noqa: S608
     # two shapes × (10 + 100) mixed rows: at least one audit row per written row stays
     assert left is not None and left[0] >= 2 * (10 + 100)
+
+
+def test_a_ratio_beside_its_target_never_rounds_across_it() -> None:
+    """The targets table printed 9.53× at 1000 rows as "10×", next to "NO" (session 37)."""
+    from bench.maintenance_bench import _against
+    assert [_against(r, 10) for r in (9.53, 9.4, 10.17, 12.6)] == ["9.5×", "9×", "10×", "13×"]
+    assert [_against(r, 100) for r in (99.6, 63.4, 100.2)] == ["99.6×", "63×", "100×"]
