@@ -284,6 +284,15 @@ def _alone(admin: str, dbname: str, statement: str) -> None:
     raise AssertionError(f"{dbname} stayed in use: {statement}")
 
 
+def _served_and_tracked(proxied: str, direct: str) -> None:
+    """Sketches used, a write, used again, and the table tracked (maintained from now on)."""
+    _used(proxied, direct)
+    _write(direct, (7,))
+    _used(proxied, direct)
+    assert wait_until(lambda: bool(scalar(direct, "SELECT count(*) FROM imp.tracked_tables")),
+                      20)
+
+
 def _exact_rounds(proxied: str, direct: str, rounds: int = 4) -> None:
     """Exact answers in every round (after a reconnection the first ones may pass through)."""
     for _ in range(rounds):
@@ -299,10 +308,7 @@ def test_a_database_made_anew_from_a_copy_of_itself_is_not_answered_from_memory(
     d, s = _dbname(a), _dbname(snap)
     _load(a)
     pa = via_proxy(a, launch().port)
-    _used(pa, a)
-    _write(a, (7,))
-    _used(pa, a)
-    assert wait_until(lambda: bool(scalar(a, "SELECT count(*) FROM imp.tracked_tables")), 20)
+    _served_and_tracked(pa, a)
     _alone(admin_dsn, s, f'DROP DATABASE "{s}"')
     _alone(admin_dsn, d, f'CREATE DATABASE "{s}" TEMPLATE "{d}"')
     _write(a, (3, 4))
@@ -324,10 +330,7 @@ def test_two_copies_of_a_database_that_swap_names_are_not_answered_from_memory(
     _load(a)
     p = launch()
     pa, pb = via_proxy(a, p.port), via_proxy(b, p.port)
-    _used(pa, a)
-    _write(a, (7,))
-    _used(pa, a)
-    assert wait_until(lambda: bool(scalar(a, "SELECT count(*) FROM imp.tracked_tables")), 20)
+    _served_and_tracked(pa, a)
     _alone(admin_dsn, d2, f'DROP DATABASE "{d2}"')
     _alone(admin_dsn, d, f'CREATE DATABASE "{d2}" TEMPLATE "{d}"')
     _used(pb, b)
