@@ -298,15 +298,21 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- A DELETE or UPDATE of an audit table's rows does the same, unless imp.gc_deltas runs it
--- (it sets `imp.collecting` to the token only imp's owner can read: imp.guard_token). Found by
+-- A DELETE or UPDATE of an audit table's rows does the same, unless imp.gc_deltas runs it:
+-- its frame is on the call stack (PG_CONTEXT, whose words follow lc_messages but whose
+-- signatures do not; imp is not on this function's search_path, so the name is printed
+-- qualified, and only imp's owner can create a function in imp). Found by
 -- a helper's search: after `DELETE FROM imp.delta_<oid>` by hand, a maintained sketch lacked a
--- group that a write before it had moved into the HAVING answer.
+-- group that a write before it had moved into the HAVING answer. Why the stack and not a
+-- setting imp.gc_deltas sets: the imp.gc_deltas of an earlier version, installed again over
+-- this one, set none, and its every collection invalidated every state.
 CREATE OR REPLACE FUNCTION imp._audit_table_changed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    stack text;
 BEGIN
-    IF current_setting('imp.collecting', true) IS DISTINCT FROM
-            (SELECT g.token FROM imp.guard_token g LIMIT 1) THEN
+    GET DIAGNOSTICS stack = PG_CONTEXT;
+    IF strpos(stack, ' imp.gc_deltas(regclass,pg_snapshot) ') = 0 THEN
         PERFORM imp._bump_epoch(TG_ARGV[0]::oid);
     END IF;
     RETURN NULL;
@@ -483,11 +489,9 @@ BEGIN
     EXCEPTION WHEN lock_not_available THEN
         RETURN 0;
     END;
-    PERFORM set_config('imp.collecting', (SELECT g.token FROM imp.guard_token g LIMIT 1), true);
     EXECUTE format('DELETE FROM %s WHERE _xid < pg_snapshot_xmax($1)'
                    ' AND pg_visible_in_snapshot(_xid, $1)', audit) USING snap;
     GET DIAGNOSTICS n = ROW_COUNT;
-    PERFORM set_config('imp.collecting', '', true);
     IF n > 0 THEN
         INSERT INTO imp.collected AS w (relid, bound) VALUES (rel::oid, snap)
         ON CONFLICT (relid) DO UPDATE SET bound = imp._snapshot_join(w.bound, EXCLUDED.bound);

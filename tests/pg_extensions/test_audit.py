@@ -276,13 +276,16 @@ def _epoch(conn: Conn, table: str) -> int:
 
 @pytest.mark.parametrize("write", ["DELETE FROM {} WHERE id = 3",
                                    "UPDATE {} SET _mult = -_mult WHERE id = 3",
-                                   "SELECT set_config('imp.collecting', 'on', false);"
-                                   " DELETE FROM {}"])
+                                   "DO $$ BEGIN DELETE FROM {}; END $$",
+                                   "CREATE FUNCTION pg_temp.gc_deltas() RETURNS void"
+                                   " LANGUAGE sql AS $$ DELETE FROM {} $$;"
+                                   " SELECT pg_temp.gc_deltas()"])
 def test_audit_rows_written_by_hand_invalidate_the_table_as_truncate_does(
         conn: Conn, tracked: str, write: str) -> None:
-    """A DELETE or UPDATE of audit rows by hand, also under a client's own `imp.collecting`,
-    bumps the epoch (found by a helper's search: after `DELETE FROM imp.delta_<oid>` a
-    maintained sketch lacked a group); imp.gc_deltas' own DELETE does not."""
+    """A DELETE or UPDATE of audit rows by hand, also from a function (of any name but
+    imp.gc_deltas), bumps the epoch (found by a helper's search: after `DELETE FROM
+    imp.delta_<oid>` a maintained sketch lacked a group); imp.gc_deltas' own DELETE does
+    not."""
     t = sql.Identifier(tracked)
     conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1, 1, 'a'), (2, 2, 2, 'b')").format(t))
     snap = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
