@@ -39,11 +39,11 @@ def pg_server() -> Iterator[LocalPostgres | None]:
         yield None
         return
     cluster = LocalPostgres.throwaway_cluster()
-    try:
-        cluster.start()
-    except EmbeddedPostgresError as exc:
-        pytest.exit(f"cannot start the throwaway PostgreSQL 15: {exc}", returncode=3)
-    try:
+    try:   # the start inside: an interrupted start leaves no cluster running either
+        try:
+            cluster.start()
+        except EmbeddedPostgresError as exc:
+            pytest.exit(f"cannot start the throwaway PostgreSQL 15: {exc}", returncode=3)
         yield cluster
     finally:
         cluster.destroy()

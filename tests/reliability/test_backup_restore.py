@@ -121,8 +121,8 @@ def _next_xid(dsn: str) -> int:
 def other_cluster() -> Iterator[LocalPostgres]:
     """A second, fresh cluster (its xid and oid counters start low), stopped afterwards."""
     pg = LocalPostgres.throwaway_cluster()
-    pg.start()
-    try:
+    try:   # the start inside: an interrupted start leaves no cluster running either
+        pg.start()
         yield pg
     finally:
         argv = [str(PG_BIN / "pg_ctl"), "stop", "-D", str(pg.datadir), "-m", "fast", "-w"]
