@@ -58,7 +58,6 @@ class UpstreamAddress:
         host = given("hostaddr") or given("host") or "/var/run/postgresql"
         return cls(host.split(",")[0], int((given("port") or "5432").split(",")[0]))
 
-
     @classmethod
     def _as_libpq_reads_services(cls, dsn: str) -> UpstreamAddress:
         """The address libpq takes for a DSN naming a connection service (``service=``,
