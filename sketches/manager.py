@@ -392,17 +392,6 @@ class SketchManager(IncrementalMaintenance):
         made as for the query, but a sketch it would use is not counted as used (uses, last
         use, reuse), which would keep an idle sketch from eviction (found by a helper's
         search)."""
-        self._txn.explaining = explain
-        try:
-            return self._prepare_call(conn, sql, params, search_path, snapshot,
-                                      settings_differ, stop, role)
-        finally:
-            self._txn.explaining = False
-
-    def _prepare_call(self, conn: psycopg.Connection[Any], sql: str,
-                      params: Sequence[object] | None, search_path: str | None,
-                      snapshot: str | None, settings_differ: str | None,
-                      stop: threading.Event | None, role: str | None) -> Prepared:
         if not self.settings.enabled:
             return self._passthrough("sketches disabled")
         if conn.info.parameter_status("standard_conforming_strings") != "on":
@@ -419,7 +408,8 @@ class SketchManager(IncrementalMaintenance):
             self._remember_conninfo(conn)
         try:
             return self._prepare_locked(conn, sql, params, search_path, path, snapshot,
-                                        cls.template, settings_differ, stop, role, wrote)
+                                        cls.template, settings_differ, stop, role, wrote,
+                                        explain)
         except BaseException as exc:
             if isinstance(exc, psycopg.Error):
                 # read from the catalog again next time: another thread's partition this
@@ -437,7 +427,8 @@ class SketchManager(IncrementalMaintenance):
                         snapshot: str | None, template: str,
                         settings_differ: str | None = None,
                         stop: threading.Event | None = None,
-                        role: str | None = None, wrote: bool = False) -> Prepared:
+                        role: str | None = None, wrote: bool = False,
+                        explain: bool = False) -> Prepared:
         self._txn.uncommitted = _Uncommitted()
         try:
             with self._held_template(template, stop, self.settings.template_wait) as tmpl:
@@ -446,7 +437,7 @@ class SketchManager(IncrementalMaintenance):
                        else None)
                 return self._prepare(conn, sql, tuple(params) if params is not None else None,
                                      template, tmpl, path, snapshot, key, settings_differ,
-                                     role, wrote)
+                                     role, wrote, explain)
         except CaptureError:
             self._stats["errors"] += 1
             raise
@@ -642,8 +633,6 @@ class SketchManager(IncrementalMaintenance):
         return self._decline_capture()
 
     def _note_use(self, entry: _Entry) -> None:
-        if getattr(self._txn, "explaining", False):
-            return
         entry.uses += 1
         entry.reuse.used = True
         entry.last_used = time.time()
@@ -713,7 +702,7 @@ class SketchManager(IncrementalMaintenance):
                  tmpl: _Template, search_path: str | None = None,
                  snapshot: str | None = None, key: Key | None = None,
                  settings_differ: str | None = None, role: str | None = None,
-                 wrote: bool = False) -> Prepared:
+                 wrote: bool = False, explain: bool = False) -> Prepared:
         if wrote:   # found by a helper's search in session 28: a group it inserted left out
             return self._passthrough("the transaction has written: its own writes are visible"
                                      " to it but in no snapshot")
@@ -779,7 +768,8 @@ class SketchManager(IncrementalMaintenance):
                 entry.maintenances += 1
                 entry.sketch = refreshed
                 entry.instrumented.clear()
-            self._note_use(entry)
+            if not explain:   # only shown: no use (see prepare)
+                self._note_use(entry)
             prepared = self._finish("use", sql, entry, conn, params)
             self._remember(key, snapshot, tmpl, entry, inst, free)
             return prepared
